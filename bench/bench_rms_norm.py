@@ -1,0 +1,54 @@
+"""rms_norm against mx.fast.rms_norm and the streaming roofline, one run.
+
+Each timed evaluation holds `--graph` independent ops on distinct inputs so MLX's
+per-eval overhead is amortized and the data does not sit in cache between ops."""
+
+import argparse
+
+import mlx.core as mx
+
+from common import cpu_roofline_gbs, device_name, emit, header, interleaved
+from mlx_ggml_ext import ops
+
+DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
+
+
+def run(rows: int, dim: int, dtype_name: str, graph: int, rounds: int) -> dict:
+    dtype = DTYPES[dtype_name]
+    xs = [mx.random.normal((rows, dim)).astype(dtype) for _ in range(graph)]
+    w = mx.random.normal((dim,)).astype(dtype)
+    mx.eval(xs, w)
+    times = interleaved({
+        "ours": lambda: [ops.rms_norm(x, w, 1e-6) for x in xs],
+        "mlx": lambda: [mx.fast.rms_norm(x, w, 1e-6) for x in xs],
+    }, rounds=rounds)
+    per_op = {k: v / graph for k, v in times.items()}
+    moved = 2 * rows * dim * xs[0].itemsize  # read x, write y (w stays in cache)
+    record = {
+        "bench": "rms_norm", "shape": [rows, dim], "dtype": dtype_name, "device": device_name(),
+        "graph_ops": graph, "time_us": per_op["ours"] * 1e6, "mlx_fast_time_us": per_op["mlx"] * 1e6,
+        "gbs": moved / per_op["ours"] / 1e9, "speedup_vs_mlx_fast": per_op["mlx"] / per_op["ours"],
+    }
+    if mx.default_device() == mx.cpu:
+        roof = cpu_roofline_gbs(graph * moved // 2, graph * moved // 2)
+        record.update(roofline_gbs=roof, fraction_of_roofline=record["gbs"] / roof)
+    return record
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--shape", default="512x4096")
+    p.add_argument("--dtypes", default="float32,float16,bfloat16")
+    p.add_argument("--graph", type=int, default=4)
+    p.add_argument("--rounds", type=int, default=30)
+    p.add_argument("--mlx-default-cache", action="store_true",
+                   help="keep MLX's default 32 MB buffer cache (outputs page-fault on every eval)")
+    args = p.parse_args()
+    rows, dim = (int(v) for v in args.shape.split("x"))
+    header(raise_cache_limit=not args.mlx_default_cache)
+    for name in args.dtypes.split(","):
+        emit(run(rows, dim, name, args.graph, args.rounds))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,26 @@
+# CUDA backend: kernels/cuda/*.cu are pure CUDA translation units (no MLX headers:
+# MLX's CUDA headers need a fmt the wheels do not ship); the eval_gpu glue in
+# csrc/backend/cuda/*.cpp includes MLX's CUDA headers, with csrc/backend/cuda/shim
+# supplying the minimal fmt/format.h they include.
+enable_language(CUDA)
+find_package(CUDAToolkit REQUIRED)
+if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES OR CMAKE_CUDA_ARCHITECTURES STREQUAL "52")
+  set(CMAKE_CUDA_ARCHITECTURES "80;90")
+endif()
+set_property(TARGET _ext PROPERTY CUDA_ARCHITECTURES ${CMAKE_CUDA_ARCHITECTURES})
+
+file(GLOB CUDA_KERNEL_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/kernels/cuda/*.cu)
+if(CUDA_KERNEL_SOURCES)
+  add_library(ggml_ext_cuda_kernels STATIC ${CUDA_KERNEL_SOURCES})
+  target_include_directories(ggml_ext_cuda_kernels PRIVATE ${PROJECT_SOURCE_DIR})
+  set_target_properties(ggml_ext_cuda_kernels PROPERTIES
+    CUDA_ARCHITECTURES "${CMAKE_CUDA_ARCHITECTURES}" POSITION_INDEPENDENT_CODE ON
+    CUDA_SEPARABLE_COMPILATION OFF)
+  target_compile_options(ggml_ext_cuda_kernels PRIVATE
+    $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr -lineinfo -O3>)
+  target_link_libraries(_ext PRIVATE ggml_ext_cuda_kernels)
+endif()
+target_include_directories(_ext PRIVATE ${PROJECT_SOURCE_DIR}/csrc/backend/cuda/shim)
+# The extension registers its kernels with its own (static) CUDA runtime; MLX links
+# its runtime statically too, so eval_gpu hands MLX driver-level CUfunction handles.
+target_link_libraries(_ext PRIVATE CUDA::cudart_static)

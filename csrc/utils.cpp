@@ -1,0 +1,54 @@
+#include "csrc/utils.h"
+
+namespace mlx_ggml_ext {
+
+std::string shape_str(const mx::Shape& shape) {
+  std::ostringstream os;
+  os << "(";
+  for (size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
+  os << (shape.size() == 1 ? ",)" : ")");
+  return os.str();
+}
+
+std::string dtype_str(mx::Dtype dtype) {
+  std::ostringstream os;
+  os << dtype;
+  return os.str();
+}
+
+void check_float_dtype(const mx::array& a, const char* op, const char* arg) {
+  const auto d = a.dtype();
+  if (d != mx::float32 && d != mx::float16 && d != mx::bfloat16) {
+    throw type_error(cat("[", op, "] ", arg, " must be float32, float16 or bfloat16, got ",
+                         dtype_str(d), "."));
+  }
+}
+
+ggml_ext::cpu::FloatType float_type(mx::Dtype dtype) {
+  if (dtype == mx::float16) return ggml_ext::cpu::FloatType::f16;
+  if (dtype == mx::bfloat16) return ggml_ext::cpu::FloatType::bf16;
+  return ggml_ext::cpu::FloatType::f32;
+}
+
+mx::array row_contiguous(const mx::array& a, mx::StreamOrDevice s) {
+  return mx::contiguous(a, /*allow_col_major=*/false, s);
+}
+
+void allocate_like_or_donate(const mx::array& in, mx::array& out) {
+  if (in.is_donatable() && in.flags().row_contiguous && in.itemsize() == out.itemsize() &&
+      in.size() == out.size()) {
+    out.copy_shared_buffer(in);
+  } else {
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+  }
+}
+
+const char* gpu_backend() { return MLX_GGML_EXT_GPU_BACKEND; }
+
+void throw_no_gpu_kernel(const char* primitive) {
+  throw std::runtime_error(cat("[mlx_ggml_ext] ", primitive,
+                               " has no GPU kernel in this build (GPU backend: ", gpu_backend(),
+                               "); run it on the CPU with stream=mx.cpu."));
+}
+
+}  // namespace mlx_ggml_ext

@@ -1,0 +1,56 @@
+// Helpers shared by the primitives: argument checks with clear messages, dtype
+// mapping to the kernels' float formats, and graph-building conveniences.
+#pragma once
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+#include "mlx/mlx.h"
+#include "mlx/primitives.h"
+#include "kernels/cpu/types.h"
+
+namespace mlx_ggml_ext {
+
+namespace mx = mlx::core;
+
+// Raised for a wrong dtype or Python type; the bindings turn it into TypeError.
+// std::invalid_argument (shapes, values) becomes ValueError.
+struct type_error : std::invalid_argument {
+  using std::invalid_argument::invalid_argument;
+};
+
+std::string shape_str(const mx::Shape& shape);
+std::string dtype_str(mx::Dtype dtype);
+
+template <class... Parts>
+std::string cat(const Parts&... parts) {
+  std::ostringstream os;
+  (os << ... << parts);
+  return os.str();
+}
+
+// float32, float16 or bfloat16, or a type_error naming the op and argument.
+void check_float_dtype(const mx::array& a, const char* op, const char* arg);
+ggml_ext::cpu::FloatType float_type(mx::Dtype dtype);
+
+// The array with row-major contiguous memory: a no-op node when it already is
+// (MLX shares the buffer), a copy for transposed, sliced or broadcast inputs.
+mx::array row_contiguous(const mx::array& a, mx::StreamOrDevice s);
+
+// The output buffer for a row-contiguous elementwise-shaped result: the input's own
+// buffer when MLX allows donating it, else a fresh allocation.
+void allocate_like_or_donate(const mx::array& in, mx::array& out);
+
+// "cuda", "metal" or "cpu": the GPU backend this build was compiled for.
+const char* gpu_backend();
+
+// For eval_gpu of a primitive this build has no kernel for.
+[[noreturn]] void throw_no_gpu_kernel(const char* primitive);
+
+}  // namespace mlx_ggml_ext
+
+// Defines eval_gpu for a primitive this backend has no kernel for yet.
+#define MLX_GGML_EXT_NO_GPU_KERNEL(Primitive)                                  \
+  void Primitive::eval_gpu(const std::vector<mx::array>&, mx::array&) {      \
+    throw_no_gpu_kernel(#Primitive);                                         \
+  }

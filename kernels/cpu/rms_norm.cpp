@@ -1,0 +1,91 @@
+#include "kernels/cpu/rms_norm.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/cpu/parallel.h"
+#include "kernels/cpu/simd.h"
+
+namespace ggml_ext::cpu {
+namespace GGML_EXT_ISA {
+namespace {
+
+template <class Fmt>
+float sum_of_squares(const typename Fmt::T* x, int64_t dim) {
+  // four accumulators hide the add latency
+  vf32 a0 = {}, a1 = {}, a2 = {}, a3 = {};
+  int64_t i = 0;
+  for (; i + 4 * kLanes <= dim; i += 4 * kLanes) {
+    const vf32 v0 = Fmt::load(x + i), v1 = Fmt::load(x + i + kLanes);
+    const vf32 v2 = Fmt::load(x + i + 2 * kLanes), v3 = Fmt::load(x + i + 3 * kLanes);
+    a0 += v0 * v0;
+    a1 += v1 * v1;
+    a2 += v2 * v2;
+    a3 += v3 * v3;
+  }
+  for (; i + kLanes <= dim; i += kLanes) {
+    const vf32 v = Fmt::load(x + i);
+    a0 += v * v;
+  }
+  float s = hsum((a0 + a1) + (a2 + a3));
+  for (; i < dim; ++i) {
+    const float v = Fmt::to_f32(x[i]);
+    s += v * v;
+  }
+  return s;
+}
+
+template <class Fmt, bool kWeighted>
+void normalize_row(const typename Fmt::T* x, const typename Fmt::T* w, typename Fmt::T* y,
+                   int64_t dim, float scale, const typename Fmt::T* next_row) {
+  const vf32 vscale = splat(scale);
+  int64_t i = 0;
+  for (; i + kLanes <= dim; i += kLanes) {
+    // Keep DRAM busy with the next row's reads while this row is written.
+    if (next_row) __builtin_prefetch(next_row + i);
+    vf32 v = Fmt::load(x + i) * vscale;
+    if constexpr (kWeighted) v *= Fmt::load(w + i);
+    Fmt::store(y + i, v);
+  }
+  for (; i < dim; ++i) {
+    float v = Fmt::to_f32(x[i]) * scale;
+    if constexpr (kWeighted) v *= Fmt::to_f32(w[i]);
+    y[i] = Fmt::from_f32(v);
+  }
+}
+
+template <class Fmt>
+void rms_norm_rows(const RmsNormArgs& a, int64_t begin, int64_t end) {
+  using T = typename Fmt::T;
+  const T* x = static_cast<const T*>(a.x);
+  const T* w = static_cast<const T*>(a.weight);
+  T* y = static_cast<T*>(a.y);
+  for (int64_t r = begin; r < end; ++r) {
+    const T* xr = x + r * a.dim;
+    T* yr = y + r * a.dim;
+    // The row is in L1/L2 after the first pass, so DRAM sees one read and one write.
+    const float scale = 1.0f / std::sqrt(sum_of_squares<Fmt>(xr, a.dim) / a.dim + a.eps);
+    const T* next = r + 1 < end ? xr + a.dim : nullptr;
+    if (w) {
+      normalize_row<Fmt, true>(xr, w + (r / a.rows_per_weight) * a.dim, yr, a.dim, scale, next);
+    } else {
+      normalize_row<Fmt, false>(xr, nullptr, yr, a.dim, scale, next);
+    }
+  }
+}
+
+}  // namespace
+
+void rms_norm(const RmsNormArgs& a) {
+  // Threads only pay off past a few tens of kilobytes per part.
+  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, a.dim));
+  GGML_EXT_FLOAT_SWITCH(a.type, Fmt, parallel_for(a.rows, grain, [&](int64_t b, int64_t e) {
+                          rms_norm_rows<Fmt>(a, b, e);
+                        }));
+}
+
+}  // namespace GGML_EXT_ISA
+
+GGML_EXT_DISPATCH(rms_norm, RmsNormArgs)
+
+}  // namespace ggml_ext::cpu

@@ -1,0 +1,112 @@
+// A float vector of the variant's natural width (16 lanes AVX-512, 8 AVX2,
+// 4 on NEON and the SSE2/generic baseline), written with GCC/Clang vector
+// extensions so the same kernel source compiles for every target, plus loads and
+// stores that convert float16/bfloat16 with the hardware instruction when present.
+// Everything here lives in the variant's namespace, so no inline function compiled
+// with AVX-512 flags can be picked by the linker for the baseline build.
+#pragma once
+#include <cstdint>
+#include <cstring>
+
+#if defined(__AVX2__) || defined(__AVX512F__) || defined(__F16C__)
+#include <immintrin.h>
+#endif
+#if defined(__ARM_NEON) || defined(__ARM_NEON__)
+#include <arm_neon.h>
+#endif
+
+#include "kernels/common/fp16.h"
+#include "kernels/cpu/isa.h"
+
+#ifndef GGML_EXT_ISA
+#error "kernels/cpu sources are compiled through cmake/cpu_variants.cmake"
+#endif
+
+namespace ggml_ext::cpu::GGML_EXT_ISA {
+
+#if defined(__AVX512F__)
+constexpr int kLanes = 16;
+#elif defined(__AVX2__)
+constexpr int kLanes = 8;
+#else
+constexpr int kLanes = 4;
+#endif
+
+typedef float vf32 __attribute__((vector_size(kLanes * 4)));
+typedef uint32_t vu32 __attribute__((vector_size(kLanes * 4)));
+typedef uint16_t vu16 __attribute__((vector_size(kLanes * 2)));
+
+inline vf32 splat(float v) { return vf32{} + v; }
+
+inline float hsum(vf32 v) {
+  float s = 0.0f;
+  for (int i = 0; i < kLanes; ++i) s += v[i];
+  return s;
+}
+
+// Storage formats. Each has the element type in memory, a vector load/store that
+// converts to/from float32, and the scalar forms for tails.
+struct F32 {
+  using T = float;
+  static vf32 load(const float* p) {
+    vf32 v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+  }
+  static void store(float* p, vf32 v) { std::memcpy(p, &v, sizeof v); }
+  static float to_f32(float v) { return v; }
+  static float from_f32(float v) { return v; }
+};
+
+struct BF16 {
+  using T = uint16_t;
+  static vf32 load(const uint16_t* p) {
+    vu16 h;
+    std::memcpy(&h, p, sizeof h);
+    return (vf32)(__builtin_convertvector(h, vu32) << 16);
+  }
+  static void store(uint16_t* p, vf32 v) {
+    const vu32 u = (vu32)v;
+    const vu32 rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    const vu32 quiet_nan = (u >> 16) | 0x40u;
+    const vu32 is_nan = (vu32)(v != v);  // all ones in NaN lanes
+    const vu16 h = __builtin_convertvector((rounded & ~is_nan) | (quiet_nan & is_nan), vu16);
+    std::memcpy(p, &h, sizeof h);
+  }
+  static float to_f32(uint16_t v) { return ggml_ext_bf16_to_fp32(v); }
+  static uint16_t from_f32(float v) { return ggml_ext_fp32_to_bf16(v); }
+};
+
+struct F16 {
+  using T = uint16_t;
+  static vf32 load(const uint16_t* p) {
+#if defined(__AVX512F__)
+    return (vf32)_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+#elif defined(__AVX2__) && defined(__F16C__)
+    return (vf32)_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+    return (vf32)vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p)));
+#else
+    vf32 v;
+    for (int i = 0; i < kLanes; ++i) v[i] = ggml_ext_fp16_to_fp32(p[i]);
+    return v;
+#endif
+  }
+  static void store(uint16_t* p, vf32 v) {
+#if defined(__AVX512F__)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
+                        _mm512_cvtps_ph((__m512)v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#elif defined(__AVX2__) && defined(__F16C__)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
+                     _mm256_cvtps_ph((__m256)v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+    vst1_u16(p, vreinterpret_u16_f16(vcvt_f16_f32((float32x4_t)v)));
+#else
+    for (int i = 0; i < kLanes; ++i) p[i] = ggml_ext_fp32_to_fp16(v[i]);
+#endif
+  }
+  static float to_f32(uint16_t v) { return ggml_ext_fp16_to_fp32(v); }
+  static uint16_t from_f32(float v) { return ggml_ext_fp32_to_fp16(v); }
+};
+
+}  // namespace ggml_ext::cpu::GGML_EXT_ISA

@@ -1,0 +1,108 @@
+"""`python -m mlx_ggml_ext`: the package's main job on embedded defaults (no downloads).
+
+Prints the versions and backends, checks every op on small random inputs against its
+float64 reference on every available device, and times each op against MLX's
+built-in counterpart. Each op adds one entry to CHECKS and one to SPEEDS."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import mlx.core as mx
+import numpy as np
+
+import mlx_ggml_ext
+from mlx_ggml_ext import ops, reference
+
+
+def _f64(a: mx.array) -> np.ndarray:
+    return np.array(a.astype(mx.float32)).astype(np.float64)
+
+
+def _rel_err(got: mx.array, expected: np.ndarray) -> float:
+    return float(np.max(np.abs(_f64(got) - expected)) / max(np.max(np.abs(expected)), 1e-30))
+
+
+# ----------------------------------------------------------------------------- checks
+# Each returns the relative error against the reference and the bound it must meet.
+
+def check_rms_norm(rng, dtype):
+    x = mx.array(rng.standard_normal((8, 1000)).astype(np.float32)).astype(dtype)
+    w = mx.array(rng.standard_normal(1000).astype(np.float32)).astype(dtype)
+    bound = {mx.float32: 2e-6, mx.float16: 1e-3, mx.bfloat16: 8e-3}[dtype]
+    return _rel_err(ops.rms_norm(x, w, 1e-5), reference.rms_norm(_f64(x), _f64(w), 1e-5)), bound
+
+
+CHECKS = [("rms_norm", check_rms_norm)]
+
+# ----------------------------------------------------------------------------- speed
+# Each returns (label, our op, MLX's built-in) on inputs built once.
+
+def speed_rms_norm():
+    x = mx.random.normal((512, 4096))
+    w = mx.random.normal((4096,))
+    mx.eval(x, w)
+    return "rms_norm 512x4096 f32", (lambda: ops.rms_norm(x, w)), (lambda: mx.fast.rms_norm(x, w, 1e-6))
+
+
+SPEEDS = [speed_rms_norm]
+
+
+def _short(x) -> str:
+    return str(x).split(".")[-1]
+
+
+def _median_time(fn, reps):
+    mx.eval(fn())
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        mx.eval(fn())
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mlx_ggml_ext", description=__doc__)
+    parser.add_argument("--reps", type=int, default=20, help="timed repetitions per op")
+    args = parser.parse_args(argv)
+
+    b = mlx_ggml_ext.backends()
+    print(f"mlx-ggml-ext {mlx_ggml_ext.__version__}, MLX {mx.__version__}")
+    print(f"GPU backend built: {b['gpu_backend_built']}; available: CPU yes, "
+          f"CUDA {'yes' if b['cuda'] else 'no'}, Metal {'yes' if b['metal'] else 'no'}")
+    print(f"CPU kernels: {mlx_ggml_ext.cpu_isa()} x {mlx_ggml_ext.num_threads()} threads")
+
+    devices = [mx.cpu] + ([mx.gpu] if (b["cuda"] or b["metal"]) else [])
+    rng = np.random.default_rng(0)
+    failures = 0
+    print("\ncorrectness (max relative error vs float64 reference)")
+    for device in devices:
+        with mx.stream(device):
+            for name, check in CHECKS:
+                for dtype in (mx.float32, mx.float16, mx.bfloat16):
+                    try:
+                        err, bound = check(rng, dtype)
+                        ok = err <= bound
+                        detail = f"{err:.2e} (bound {bound:.0e})"
+                    except Exception as e:  # a backend without the op reports it, never hides it
+                        ok, detail = False, f"{type(e).__name__}: {e}"
+                    failures += not ok
+                    print(f"  {_short(device):<5} {name:<18} {_short(dtype):<9} {'ok ' if ok else 'FAIL'} {detail}")
+
+    print("\nspeed (median per evaluation; ratio = MLX built-in time / ours)")
+    for device in devices:
+        with mx.stream(device):
+            for make in SPEEDS:
+                label, ours, builtin = make()
+                t_ours, t_mlx = _median_time(ours, args.reps), _median_time(builtin, args.reps)
+                print(f"  {_short(device):<5} {label:<28} ours {t_ours * 1e6:9.1f} us   "
+                      f"MLX {t_mlx * 1e6:9.1f} us   x{t_mlx / t_ours:.1f}")
+    print("\nall checks passed" if failures == 0 else f"\n{failures} check(s) FAILED")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
