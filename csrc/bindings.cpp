@@ -22,17 +22,26 @@ namespace {
 // Best-of-`repeats` seconds for a streaming copy or read of `bytes` on the CPU
 // kernels' thread pool: the roofline the benchmarks compare against.
 double measure_stream(const std::string& kind, int64_t bytes, int repeats) {
-  if (kind != "copy" && kind != "read") throw std::invalid_argument("kind must be 'copy' or 'read'");
+  if (kind != "copy" && kind != "copy_nt" && kind != "read") {
+    throw std::invalid_argument("kind must be 'copy', 'copy_nt' or 'read'");
+  }
   if (bytes <= 0 || repeats <= 0) throw std::invalid_argument("bytes and repeats must be positive");
   bytes = (bytes + 63) / 64 * 64;
-  std::vector<float> src(bytes / 4, 1.0f), dst(kind == "copy" ? bytes / 4 : 0);
+  const bool copies = kind != "read";
+  std::vector<float> src(bytes / 4, 1.0f);
+  // 64-byte aligned destination, so the streaming-store copy can use full vectors
+  std::vector<float> dst_storage(copies ? bytes / 4 + 16 : 0);
+  float* dst = copies ? dst_storage.data() + (16 - reinterpret_cast<uintptr_t>(dst_storage.data()) % 64 / 4) % 16
+                      : nullptr;
   float checksum = 0.0f;
-  cpu::StreamArgs args{src.data(), dst.data(), bytes, &checksum};
+  cpu::StreamArgs args{src.data(), dst, bytes, &checksum};
   double best = 1e30;
   nb::gil_scoped_release release;
   for (int i = 0; i < repeats + 1; ++i) {  // the first run faults the pages in
     auto t0 = std::chrono::steady_clock::now();
-    kind == "copy" ? cpu::stream_copy(args) : cpu::stream_read(args);
+    if (kind == "copy") cpu::stream_copy(args);
+    else if (kind == "copy_nt") cpu::stream_copy_nt(args);
+    else cpu::stream_read(args);
     double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (i > 0) best = std::min(best, dt);
   }
@@ -82,5 +91,6 @@ NB_MODULE(_ext, m) {
           throw std::invalid_argument("unknown CPU kernel variant '" + name + "'");
         }, "name"_a, "Selects the CPU kernel variant (for tests and benchmarks).");
   m.def("measure_stream", &measure_stream, "kind"_a, "bytes"_a, "repeats"_a = 5,
-        "Best-of-repeats seconds of a threaded streaming 'copy' or 'read' of `bytes`.");
+        "Best-of-repeats seconds of a threaded streaming 'copy', 'copy_nt' (cache-bypassing\n"
+        "stores) or 'read' of `bytes`.");
 }

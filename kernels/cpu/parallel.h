@@ -12,8 +12,9 @@ void set_num_threads(int n);
 
 using RangeFn = void (*)(void* ctx, int64_t begin, int64_t end);
 
-// Runs fn over [0, n) split into one contiguous range per thread, each at least
-// `grain` long (fewer threads for small n). Nested calls run inline.
+// Runs fn over [0, n) split into contiguous ranges of at least `grain` (a few per
+// thread, claimed dynamically; fewer threads for small n). fn may be called several
+// times per thread and must not assume one range per thread. Nested calls run inline.
 void parallel_for_raw(int64_t n, int64_t grain, RangeFn fn, void* ctx);
 
 template <class F>

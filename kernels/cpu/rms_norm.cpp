@@ -35,26 +35,34 @@ float sum_of_squares(const typename Fmt::T* x, int64_t dim) {
   return s;
 }
 
-template <class Fmt, bool kWeighted>
+template <class Fmt, bool kWeighted, bool kStream>
 void normalize_row(const typename Fmt::T* x, const typename Fmt::T* w, typename Fmt::T* y,
                    int64_t dim, float scale, const typename Fmt::T* next_row) {
-  const vf32 vscale = splat(scale);
+  auto scalar = [&](int64_t i) {
+    float v = Fmt::to_f32(x[i]) * scale;
+    if constexpr (kWeighted) v *= Fmt::to_f32(w[i]);
+    y[i] = Fmt::from_f32(v);
+  };
+  // Streaming stores need aligned vectors: peel the elements before the first boundary.
+  const int64_t head = kStream ? elements_to_vector_alignment(y, dim) : 0;
   int64_t i = 0;
+  for (; i < head; ++i) scalar(i);
+  const vf32 vscale = splat(scale);
   for (; i + kLanes <= dim; i += kLanes) {
     // Keep DRAM busy with the next row's reads while this row is written.
     if (next_row) __builtin_prefetch(next_row + i);
     vf32 v = Fmt::load(x + i) * vscale;
     if constexpr (kWeighted) v *= Fmt::load(w + i);
-    Fmt::store(y + i, v);
+    if constexpr (kStream) {
+      Fmt::store_nt(y + i, v);
+    } else {
+      Fmt::store(y + i, v);
+    }
   }
-  for (; i < dim; ++i) {
-    float v = Fmt::to_f32(x[i]) * scale;
-    if constexpr (kWeighted) v *= Fmt::to_f32(w[i]);
-    y[i] = Fmt::from_f32(v);
-  }
+  for (; i < dim; ++i) scalar(i);
 }
 
-template <class Fmt>
+template <class Fmt, bool kWeighted, bool kStream>
 void rms_norm_rows(const RmsNormArgs& a, int64_t begin, int64_t end) {
   using T = typename Fmt::T;
   const T* x = static_cast<const T*>(a.x);
@@ -62,16 +70,22 @@ void rms_norm_rows(const RmsNormArgs& a, int64_t begin, int64_t end) {
   T* y = static_cast<T*>(a.y);
   for (int64_t r = begin; r < end; ++r) {
     const T* xr = x + r * a.dim;
-    T* yr = y + r * a.dim;
     // The row is in L1/L2 after the first pass, so DRAM sees one read and one write.
     const float scale = 1.0f / std::sqrt(sum_of_squares<Fmt>(xr, a.dim) / a.dim + a.eps);
-    const T* next = r + 1 < end ? xr + a.dim : nullptr;
-    if (w) {
-      normalize_row<Fmt, true>(xr, w + (r / a.rows_per_weight) * a.dim, yr, a.dim, scale, next);
-    } else {
-      normalize_row<Fmt, false>(xr, nullptr, yr, a.dim, scale, next);
-    }
+    const T* wr = kWeighted ? w + (r / a.rows_per_weight) * a.dim : nullptr;
+    normalize_row<Fmt, kWeighted, kStream>(xr, wr, y + r * a.dim, a.dim, scale,
+                                           r + 1 < end ? xr + a.dim : nullptr);
   }
+  if constexpr (kStream) stream_fence();
+}
+
+template <class Fmt, bool kWeighted>
+void rms_norm_typed(const RmsNormArgs& a, int64_t grain) {
+  const bool stream = kHasStreamingStores &&
+                      a.rows * a.dim * int64_t(sizeof(typename Fmt::T)) >= kStreamingStoreMinBytes;
+  parallel_for(a.rows, grain, [&](int64_t b, int64_t e) {
+    stream ? rms_norm_rows<Fmt, kWeighted, true>(a, b, e) : rms_norm_rows<Fmt, kWeighted, false>(a, b, e);
+  });
 }
 
 }  // namespace
@@ -79,9 +93,8 @@ void rms_norm_rows(const RmsNormArgs& a, int64_t begin, int64_t end) {
 void rms_norm(const RmsNormArgs& a) {
   // Threads only pay off past a few tens of kilobytes per part.
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, a.dim));
-  GGML_EXT_FLOAT_SWITCH(a.type, Fmt, parallel_for(a.rows, grain, [&](int64_t b, int64_t e) {
-                          rms_norm_rows<Fmt>(a, b, e);
-                        }));
+  GGML_EXT_FLOAT_SWITCH(a.type, Fmt,
+                        a.weight ? rms_norm_typed<Fmt, true>(a, grain) : rms_norm_typed<Fmt, false>(a, grain));
 }
 
 }  // namespace GGML_EXT_ISA

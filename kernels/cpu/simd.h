@@ -38,6 +38,63 @@ typedef uint16_t vu16 __attribute__((vector_size(kLanes * 2)));
 
 inline vf32 splat(float v) { return vf32{} + v; }
 
+// Stores that bypass the cache (no read-for-ownership of the destination line) for
+// outputs too large to stay cached anyway. `p` must be aligned to the vector's width
+// (callers check with stream_aligned); the portable build stores normally.
+constexpr bool kHasStreamingStores =
+#if defined(__AVX512F__) || defined(__AVX2__)
+    true;
+#else
+    false;
+#endif
+
+inline bool stream_aligned(const void* p, int bytes) {
+  return kHasStreamingStores && reinterpret_cast<uintptr_t>(p) % bytes == 0;
+}
+
+// Elements of T before p + k reaches a multiple of a kLanes-element vector of T
+// (MLX's CPU buffers are only 8-byte aligned); n if it never does within n.
+template <class T>
+inline int64_t elements_to_vector_alignment(const T* p, int64_t n) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p), width = kLanes * sizeof(T);
+  if (a % sizeof(T)) return n;
+  const int64_t k = static_cast<int64_t>((width - a % width) % width / sizeof(T));
+  return k < n ? k : n;
+}
+
+// Outputs at least this large are written with streaming stores: they would
+// leave the cache before anyone reads them, and skipping the read-for-ownership
+// saves a third of the memory traffic of a streaming kernel.
+constexpr int64_t kStreamingStoreMinBytes = int64_t(4) << 20;
+
+template <class V>
+inline void stream_store(void* p, V v) {
+#if defined(__AVX512F__)
+  if constexpr (sizeof(V) == 64) {
+    _mm512_stream_si512(static_cast<__m512i*>(p), (__m512i)v);
+    return;
+  }
+#endif
+#if defined(__AVX2__) || defined(__AVX512F__)
+  if constexpr (sizeof(V) == 32) {
+    _mm256_stream_si256(static_cast<__m256i*>(p), (__m256i)v);
+    return;
+  }
+  if constexpr (sizeof(V) == 16) {
+    _mm_stream_si128(static_cast<__m128i*>(p), (__m128i)v);
+    return;
+  }
+#endif
+  std::memcpy(p, &v, sizeof v);
+}
+
+// Orders streaming stores before the stores of whoever reads the output next.
+inline void stream_fence() {
+#if defined(__AVX2__) || defined(__AVX512F__)
+  _mm_sfence();
+#endif
+}
+
 inline float hsum(vf32 v) {
   float s = 0.0f;
   for (int i = 0; i < kLanes; ++i) s += v[i];
@@ -54,6 +111,7 @@ struct F32 {
     return v;
   }
   static void store(float* p, vf32 v) { std::memcpy(p, &v, sizeof v); }
+  static void store_nt(float* p, vf32 v) { stream_store(p, v); }
   static float to_f32(float v) { return v; }
   static float from_f32(float v) { return v; }
 };
@@ -65,14 +123,18 @@ struct BF16 {
     std::memcpy(&h, p, sizeof h);
     return (vf32)(__builtin_convertvector(h, vu32) << 16);
   }
-  static void store(uint16_t* p, vf32 v) {
+  static vu16 pack(vf32 v) {
     const vu32 u = (vu32)v;
     const vu32 rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
     const vu32 quiet_nan = (u >> 16) | 0x40u;
     const vu32 is_nan = (vu32)(v != v);  // all ones in NaN lanes
-    const vu16 h = __builtin_convertvector((rounded & ~is_nan) | (quiet_nan & is_nan), vu16);
+    return __builtin_convertvector((rounded & ~is_nan) | (quiet_nan & is_nan), vu16);
+  }
+  static void store(uint16_t* p, vf32 v) {
+    const vu16 h = pack(v);
     std::memcpy(p, &h, sizeof h);
   }
+  static void store_nt(uint16_t* p, vf32 v) { stream_store(p, pack(v)); }
   static float to_f32(uint16_t v) { return ggml_ext_bf16_to_fp32(v); }
   static uint16_t from_f32(float v) { return ggml_ext_fp32_to_bf16(v); }
 };
@@ -92,19 +154,24 @@ struct F16 {
     return v;
 #endif
   }
-  static void store(uint16_t* p, vf32 v) {
+  static vu16 pack(vf32 v) {
 #if defined(__AVX512F__)
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
-                        _mm512_cvtps_ph((__m512)v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    return (vu16)_mm512_cvtps_ph((__m512)v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 #elif defined(__AVX2__) && defined(__F16C__)
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
-                     _mm256_cvtps_ph((__m256)v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    return (vu16)_mm256_cvtps_ph((__m256)v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 #elif defined(__aarch64__) && defined(__ARM_NEON)
-    vst1_u16(p, vreinterpret_u16_f16(vcvt_f16_f32((float32x4_t)v)));
+    return (vu16)vreinterpret_u16_f16(vcvt_f16_f32((float32x4_t)v));
 #else
-    for (int i = 0; i < kLanes; ++i) p[i] = ggml_ext_fp32_to_fp16(v[i]);
+    vu16 h;
+    for (int i = 0; i < kLanes; ++i) h[i] = ggml_ext_fp32_to_fp16(v[i]);
+    return h;
 #endif
   }
+  static void store(uint16_t* p, vf32 v) {
+    const vu16 h = pack(v);
+    std::memcpy(p, &h, sizeof h);
+  }
+  static void store_nt(uint16_t* p, vf32 v) { stream_store(p, pack(v)); }
   static float to_f32(uint16_t v) { return ggml_ext_fp16_to_fp32(v); }
   static uint16_t from_f32(float v) { return ggml_ext_fp32_to_fp16(v); }
 };

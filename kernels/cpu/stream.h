@@ -13,6 +13,7 @@ struct StreamArgs {
 };
 
 void stream_copy(const StreamArgs& args);
+void stream_copy_nt(const StreamArgs& args);  // cache-bypassing stores where available
 void stream_read(const StreamArgs& args);
 
 }  // namespace ggml_ext::cpu

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <memory>
@@ -30,9 +31,40 @@ int default_threads() {
 
 thread_local bool t_inside_pool = false;
 
-// Workers sleep on a condition variable between jobs; the caller runs the first
-// range itself. One job at a time (submit_mutex_): kernels from several MLX
-// streams take turns rather than oversubscribing the cores.
+// How long a thread polls for the next job (or for the others to finish) before it
+// sleeps: a graph of consecutive ops then pays no wake-up latency between them,
+// which on a virtual machine costs tens of microseconds per futex wake.
+constexpr auto kSpin = std::chrono::microseconds(200);
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// Polls `ready` for up to kSpin; true if it became true.
+template <class Ready>
+bool spin_until(Ready ready) {
+  const auto deadline = std::chrono::steady_clock::now() + kSpin;
+  for (int i = 1;; ++i) {
+    if (ready()) return true;
+    cpu_relax();
+    if (i % 64 == 0) {
+      if (std::chrono::steady_clock::now() > deadline) return false;
+      std::this_thread::yield();  // let a runnable thread (MLX's own) have the core
+    }
+  }
+}
+
+// Workers poll briefly, then sleep on a condition variable between jobs; the caller
+// works too. A job
+// is cut into a few chunks per thread that the threads claim in turn, so a core
+// that is busy elsewhere (a noisy machine, an efficiency core) delays only its own
+// chunk instead of holding up a fixed half of the work. One job at a time
+// (submit_mutex_): kernels from several MLX streams take turns rather than
+// oversubscribing the cores.
 class ThreadPool {
  public:
   explicit ThreadPool(int threads) : threads_(threads) {
@@ -52,8 +84,8 @@ class ThreadPool {
   int threads() const { return threads_; }
 
   void run(int64_t n, int64_t grain, RangeFn fn, void* ctx) {
-    const int64_t max_parts = std::max<int64_t>(1, n / std::max<int64_t>(1, grain));
-    const int parts = static_cast<int>(std::min<int64_t>(threads_, max_parts));
+    const int64_t max_chunks = std::max<int64_t>(1, n / std::max<int64_t>(1, grain));
+    const int parts = static_cast<int>(std::min<int64_t>(threads_, max_chunks));
     if (parts <= 1 || t_inside_pool) {
       fn(ctx, 0, n);
       return;
@@ -65,6 +97,8 @@ class ThreadPool {
       ctx_ = ctx;
       n_ = n;
       parts_ = parts;
+      chunks_ = std::min<int64_t>(max_chunks, int64_t(parts) * kChunksPerThread);
+      next_chunk_.store(0);
       pending_.store(parts - 1);
       ++generation_;
     }
@@ -72,25 +106,29 @@ class ThreadPool {
     t_inside_pool = true;
     run_part(0);
     t_inside_pool = false;
+    if (spin_until([this] { return pending_.load(std::memory_order_acquire) == 0; })) return;
     std::unique_lock<std::mutex> lock(mutex_);
     done_cv_.wait(lock, [this] { return pending_.load() == 0; });
   }
 
  private:
-  void run_part(int part) {
-    const int64_t begin = n_ * part / parts_;
-    const int64_t end = n_ * (part + 1) / parts_;
-    if (begin < end) fn_(ctx_, begin, end);
+  void run_part(int) {
+    for (int64_t c = next_chunk_.fetch_add(1); c < chunks_; c = next_chunk_.fetch_add(1)) {
+      const int64_t begin = n_ * c / chunks_, end = n_ * (c + 1) / chunks_;
+      if (begin < end) fn_(ctx_, begin, end);
+    }
   }
 
   void worker_loop(int index) {
     t_inside_pool = true;
     uint64_t seen = 0;
     for (;;) {
+      spin_until([&] { return generation_.load(std::memory_order_relaxed) != seen; });
       {
+        // generation_ and the job's fields are read together under the lock
         std::unique_lock<std::mutex> lock(mutex_);
-        start_cv_.wait(lock, [&] { return generation_ != seen; });
-        seen = generation_;
+        start_cv_.wait(lock, [&] { return generation_.load() != seen; });
+        seen = generation_.load();
         if (stopping_) return;
         if (index >= parts_) continue;
       }
@@ -107,12 +145,15 @@ class ThreadPool {
   std::mutex submit_mutex_;
   std::mutex mutex_;
   std::condition_variable start_cv_, done_cv_;
-  uint64_t generation_ = 0;
+  std::atomic<uint64_t> generation_{0};  // written under mutex_; polled without it
   bool stopping_ = false;
   RangeFn fn_ = nullptr;
   void* ctx_ = nullptr;
   int64_t n_ = 0;
   int parts_ = 0;
+  static constexpr int64_t kChunksPerThread = 4;
+  int64_t chunks_ = 0;
+  std::atomic<int64_t> next_chunk_{0};
   std::atomic<int> pending_{0};
 };
 
