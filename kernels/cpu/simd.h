@@ -116,7 +116,17 @@ struct F32 {
   static float from_f32(float v) { return v; }
 };
 
-struct BF16 {
+// The 16-bit formats' stores, from the format's vector conversion `pack`.
+template <class Fmt>
+struct HalfStores {
+  static void store(uint16_t* p, vf32 v) {
+    const vu16 h = Fmt::pack(v);
+    std::memcpy(p, &h, sizeof h);
+  }
+  static void store_nt(uint16_t* p, vf32 v) { stream_store(p, Fmt::pack(v)); }
+};
+
+struct BF16 : HalfStores<BF16> {
   using T = uint16_t;
   static vf32 load(const uint16_t* p) {
     vu16 h;
@@ -130,16 +140,11 @@ struct BF16 {
     const vu32 is_nan = (vu32)(v != v);  // all ones in NaN lanes
     return __builtin_convertvector((rounded & ~is_nan) | (quiet_nan & is_nan), vu16);
   }
-  static void store(uint16_t* p, vf32 v) {
-    const vu16 h = pack(v);
-    std::memcpy(p, &h, sizeof h);
-  }
-  static void store_nt(uint16_t* p, vf32 v) { stream_store(p, pack(v)); }
   static float to_f32(uint16_t v) { return ggml_ext_bf16_to_fp32(v); }
   static uint16_t from_f32(float v) { return ggml_ext_fp32_to_bf16(v); }
 };
 
-struct F16 {
+struct F16 : HalfStores<F16> {
   using T = uint16_t;
   static vf32 load(const uint16_t* p) {
 #if defined(__AVX512F__)
@@ -167,11 +172,6 @@ struct F16 {
     return h;
 #endif
   }
-  static void store(uint16_t* p, vf32 v) {
-    const vu16 h = pack(v);
-    std::memcpy(p, &h, sizeof h);
-  }
-  static void store_nt(uint16_t* p, vf32 v) { stream_store(p, pack(v)); }
   static float to_f32(uint16_t v) { return ggml_ext_fp16_to_fp32(v); }
   static uint16_t from_f32(float v) { return ggml_ext_fp32_to_fp16(v); }
 };
