@@ -59,6 +59,8 @@ SinCos sincos(vf32 x) {
 
   const vf32 magnitude = (vf32)((vu32)x & 0x7fffffffu);
   const vi32 outside = (magnitude <= kReducedRange) == 0;  // NaN lands here too
+  const vi32 none = {};
+  if (std::memcmp(&outside, &none, sizeof none) == 0) return out;  // the common case, one vector test
   for (int l = 0; l < kLanes; ++l) {
     if (outside[l]) {
       out.sin[l] = static_cast<float>(std::sin(static_cast<double>(x[l])));
@@ -99,12 +101,24 @@ inline vf32 odds(vf32 a, vf32 b) { return deinterleave_impl<1>(a, b, std::make_i
 
 inline int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
+// Transposes kLanes vectors in place (rows[k][l] <-> rows[l][k]): log2(kLanes)
+// rounds of interleaving row j with row j + kLanes/2.
+inline void transpose(vf32 (&rows)[kLanes]) {
+  for (int round = 1; round < kLanes; round *= 2) {
+    vf32 next[kLanes];
+    for (int j = 0; j < kLanes / 2; ++j) {
+      next[2 * j] = interleave_low(rows[j], rows[j + kLanes / 2]);
+      next[2 * j + 1] = interleave_high(rows[j], rows[j + kLanes / 2]);
+    }
+    for (int j = 0; j < kLanes; ++j) rows[j] = next[j];
+  }
+}
+
 // Per-thread scratch. The pair axis is padded to whole vectors (padding pairs use
 // factor 1 and no ramp; their values are never read back).
 struct Scratch {
   int64_t pairs;         // n_dims/2 rounded up to kLanes
   std::vector<float> buf;
-  float* thetas;         // (pairs, kLanes): the chain of each token in its lane
   float* factors;        // (pairs)
   float* ramp;           // (pairs) r
   float* keep;           // (pairs) 1 - r
@@ -112,9 +126,8 @@ struct Scratch {
   float* sin_tab;        // (kLanes, pairs): sin times the sign of the rotation
 
   explicit Scratch(const RopeArgs& a) : pairs(round_up(a.n_dims / 2, kLanes)) {
-    buf.assign(pairs * (3 * kLanes + 3), 0.0f);
-    thetas = buf.data();
-    factors = thetas + pairs * kLanes;
+    buf.assign(pairs * (2 * kLanes + 3), 0.0f);
+    factors = buf.data();
     ramp = factors + pairs;
     keep = ramp + pairs;
     cos_tab = keep + pairs;
@@ -134,32 +147,31 @@ struct Scratch {
 void fill_tables(const RopeArgs& a, const int32_t* positions, const float* factors, int64_t tokens,
                  Scratch& w) {
   const RopeAngles& g = a.angles;
-  // The SPEC's iterated float32 product runs along the pairs, so it is vectorized
-  // across tokens (one per lane) and stored pair-major...
+  if (factors) std::memcpy(w.factors, factors, (a.n_dims / 2) * sizeof(float));
+  const float sin_scale = g.mscale * g.sin_sign;
   vi32 pos = {};
   for (int64_t l = 0; l < tokens; ++l) pos[l] = positions[l];
   vf32 theta = __builtin_convertvector(pos, vf32);
-  for (int64_t i = 0; i < w.pairs; ++i) {
-    F32::store(w.thetas + i * kLanes, theta);
-    theta *= g.theta_scale;  // an iterated product, not a pow per pair
-  }
-  if (factors) std::memcpy(w.factors, factors, (a.n_dims / 2) * sizeof(float));
-  const float sin_scale = g.mscale * g.sin_sign;
-  // ...and the rest runs per token, kLanes pairs at a time.
-  for (int64_t l = 0; l < tokens; ++l) {
-    float* ct = w.cos_tab + l * w.pairs;
-    float* st = w.sin_tab + l * w.pairs;
-    for (int64_t i = 0; i < w.pairs; i += kLanes) {
-      vf32 th;
-      for (int k = 0; k < kLanes; ++k) th[k] = w.thetas[(i + k) * kLanes + l];
-      const vf32 extrap = factors ? th / F32::load(w.factors + i) : th;
+  for (int64_t i = 0; i < w.pairs; i += kLanes) {
+    // The SPEC's iterated float32 product runs along the pairs, so it is vectorized
+    // across tokens (one per lane); a transpose turns kLanes pairs of it into one
+    // vector per token, and the rest runs kLanes pairs at a time.
+    vf32 rows[kLanes];
+    for (int k = 0; k < kLanes; ++k) {
+      rows[k] = theta;
+      theta *= g.theta_scale;  // an iterated product, not a pow per pair
+    }
+    transpose(rows);
+    const vf32 factor = factors ? F32::load(w.factors + i) : splat(1.0f);
+    const vf32 keep = F32::load(w.keep + i), ramp = F32::load(w.ramp + i);
+    for (int64_t l = 0; l < tokens; ++l) {
+      const vf32 extrap = factors ? rows[l] / factor : rows[l];
       const vf32 interp = extrap * g.freq_scale;
-      const vf32 angle = a.ramp ? rounded_product(interp, F32::load(w.keep + i)) +
-                                      rounded_product(extrap, F32::load(w.ramp + i))
-                                : interp;
+      const vf32 angle =
+          a.ramp ? rounded_product(interp, keep) + rounded_product(extrap, ramp) : interp;
       const SinCos sc = sincos(angle);
-      F32::store(ct + i, sc.cos * g.mscale);
-      F32::store(st + i, sc.sin * sin_scale);
+      F32::store(w.cos_tab + l * w.pairs + i, sc.cos * g.mscale);
+      F32::store(w.sin_tab + l * w.pairs + i, sc.sin * sin_scale);
     }
   }
 }
