@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "csrc/rms_norm.h"
+#include "csrc/rope.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/stream.h"
@@ -73,12 +74,28 @@ NB_MODULE(_ext, m) {
       std::rethrow_exception(p);
     } catch (const type_error& e) {
       PyErr_SetString(PyExc_TypeError, e.what());
+    } catch (const not_implemented_error& e) {
+      PyErr_SetString(PyExc_NotImplementedError, e.what());
     }
   });
 
   m.def("rms_norm", &rms_norm, "x"_a, "weight"_a = nb::none(), "eps"_a = 1e-6f, nb::kw_only(),
         "stream"_a = nb::none(),
         "Fused RMSNorm: x / sqrt(mean(x^2, -1) + eps) * weight, float32 math, one rounding.");
+
+  m.def("rope",
+        [](const mx::array& x, const std::variant<mx::array, int>& positions, int n_dims,
+           const std::variant<int, std::string>& mode, float freq_base, float freq_scale, float ext_factor,
+           float attn_factor, float beta_fast, float beta_slow, int n_ctx_orig,
+           const std::optional<mx::array>& freq_factors, mx::StreamOrDevice s) {
+          RopeParams p{n_dims, std::visit([](const auto& m) { return rope_mode(m); }, mode), freq_base,
+                       freq_scale, ext_factor, attn_factor, beta_fast, beta_slow, n_ctx_orig};
+          return std::visit([&](const auto& pos) { return rope(x, pos, p, freq_factors, s); }, positions);
+        },
+        "x"_a, "positions"_a, "n_dims"_a, "mode"_a = "normal", "freq_base"_a = 10000.0f, "freq_scale"_a = 1.0f,
+        "ext_factor"_a = 0.0f, "attn_factor"_a = 1.0f, "beta_fast"_a = 32.0f, "beta_slow"_a = 1.0f,
+        "n_ctx_orig"_a = 0, "freq_factors"_a = nb::none(), nb::kw_only(), "stream"_a = nb::none(),
+        "ggml rope_ext on x (..., T, H, D): positions int32 (T,) or an int offset; mode 'normal'/'neox' or 0/2.");
 
   // Runtime configuration and introspection
   m.def("gpu_backend", &gpu_backend, "The GPU backend this build was compiled for: cuda, metal or cpu.");

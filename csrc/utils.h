@@ -19,6 +19,12 @@ struct type_error : std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
+// A recognized feature this build does not implement; the bindings turn it into
+// NotImplementedError.
+struct not_implemented_error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 std::string shape_str(const mx::Shape& shape);
 std::string dtype_str(mx::Dtype dtype);
 

@@ -35,7 +35,15 @@ def check_rms_norm(rng, dtype):
     return _rel_err(ops.rms_norm(x, w, 1e-5), reference.rms_norm(_f64(x), _f64(w), 1e-5)), bound
 
 
-CHECKS = [("rms_norm", check_rms_norm)]
+def check_rope(rng, dtype):
+    x = mx.array(rng.standard_normal((2, 64, 8, 128)).astype(np.float32)).astype(dtype)
+    positions = rng.integers(0, 100_000, 64).astype(np.int32)
+    bound = {mx.float32: 2e-6, mx.float16: 1e-3, mx.bfloat16: 8e-3}[dtype]
+    got = ops.rope(x, mx.array(positions), 128, "neox", ext_factor=0.5, n_ctx_orig=4096)
+    return _rel_err(got, reference.rope(_f64(x), positions, 128, "neox", ext_factor=0.5, n_ctx_orig=4096)), bound
+
+
+CHECKS = [("rms_norm", check_rms_norm), ("rope", check_rope)]
 
 # ----------------------------------------------------------------------------- speed
 # Each returns (label, our op, MLX's built-in) on inputs built once.
@@ -47,7 +55,15 @@ def speed_rms_norm():
     return "rms_norm 512x4096 f32", (lambda: ops.rms_norm(x, w)), (lambda: mx.fast.rms_norm(x, w, 1e-6))
 
 
-SPEEDS = [speed_rms_norm]
+def speed_rope():
+    x = mx.random.normal((1, 512, 32, 128))
+    x_mlx = mx.contiguous(x.transpose(0, 2, 1, 3))  # MLX's (B, H, T, D) layout
+    mx.eval(x, x_mlx)
+    return ("rope 1x512x32x128 f32 neox", (lambda: ops.rope(x, 0, 128, "neox")),
+            (lambda: mx.fast.rope(x_mlx, 128, traditional=False, base=10000.0, scale=1.0, offset=0)))
+
+
+SPEEDS = [speed_rms_norm, speed_rope]
 
 
 def _short(x) -> str:

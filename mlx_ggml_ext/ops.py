@@ -4,7 +4,8 @@ TypeError naming the offending argument)."""
 
 from __future__ import annotations
 
-from typing import Optional
+from numbers import Integral, Real
+from typing import Optional, Union
 
 import mlx.core as mx
 
@@ -18,6 +19,16 @@ def _require_array(name: str, value, optional: bool = False) -> None:
         return
     if not isinstance(value, mx.array):
         raise TypeError(f"{name} must be an mlx.core.array, got {type(value).__name__}")
+
+
+def _require_int(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+
+
+def _require_float(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise TypeError(f"{name} must be a float, got {type(value).__name__}")
 
 
 def rms_norm(x: mx.array, weight: Optional[mx.array] = None, eps: float = 1e-6, *,
@@ -36,4 +47,44 @@ def rms_norm(x: mx.array, weight: Optional[mx.array] = None, eps: float = 1e-6, 
     return _ext.rms_norm(x, weight, float(eps), stream=stream)
 
 
-__all__ = ["rms_norm"]
+def rope(x: mx.array, positions: Union[mx.array, int], n_dims: int, mode: Union[str, int] = "normal",
+         freq_base: float = 10000.0, freq_scale: float = 1.0, ext_factor: float = 0.0, attn_factor: float = 1.0,
+         beta_fast: float = 32.0, beta_slow: float = 1.0, n_ctx_orig: int = 0,
+         freq_factors: Optional[mx.array] = None, *, stream: Stream = None) -> mx.array:
+    """ggml's ``rope_ext`` (rotary position embedding) in ggml's layout.
+
+    ``x``: float32/float16/bfloat16 of shape ``(..., T, H, D)`` (tokens, heads, head
+    dim; at least 3 dimensions, D even). ``positions``: int32 ``(T,)`` with any values,
+    or an int offset for ``offset + arange(T)``. The first ``n_dims`` (even, <= D)
+    elements of each head are rotated, the rest copied. ``mode``: ``"normal"`` (ggml 0,
+    pairs (2i, 2i+1)) or ``"neox"`` (ggml 2, pairs (i, i + n_dims/2)); the multi-section
+    modes ``"mrope"``/``"vision"``/``"imrope"`` (8/24/40) raise NotImplementedError.
+    ``freq_scale``, YaRN (``ext_factor``, ``attn_factor``, ``beta_fast``, ``beta_slow``,
+    ``n_ctx_orig``) and ``freq_factors`` (float32 ``(n_dims/2,)``) as in ggml. Float32
+    math, output in x's dtype. Differentiable in x and freq_factors (positions are
+    integers: asking for their gradient raises); supports vmap (positions batched too)
+    and mx.compile (with ``shapeless=True`` pass positions as an array: an int offset's
+    positions keep the traced length, and a different T then raises).
+    """
+    _require_array("x", x)
+    if not isinstance(positions, mx.array):
+        if isinstance(positions, bool) or not isinstance(positions, Integral):
+            raise TypeError(f"positions must be an int32 mlx.core.array or an int offset, "
+                            f"got {type(positions).__name__}")
+        positions = int(positions)
+        if not -2**31 <= positions < 2**31:
+            raise ValueError(f"the positions offset must fit in int32, got {positions}")
+    _require_int("n_dims", n_dims)
+    if isinstance(mode, bool) or not isinstance(mode, (str, Integral)):
+        raise TypeError(f"mode must be a str ('normal', 'neox') or a ggml mode int, got {type(mode).__name__}")
+    for name, value in [("freq_base", freq_base), ("freq_scale", freq_scale), ("ext_factor", ext_factor),
+                        ("attn_factor", attn_factor), ("beta_fast", beta_fast), ("beta_slow", beta_slow)]:
+        _require_float(name, value)
+    _require_int("n_ctx_orig", n_ctx_orig)
+    _require_array("freq_factors", freq_factors, optional=True)
+    return _ext.rope(x, positions, int(n_dims), mode if isinstance(mode, str) else int(mode), float(freq_base),
+                     float(freq_scale), float(ext_factor), float(attn_factor), float(beta_fast), float(beta_slow),
+                     int(n_ctx_orig), freq_factors, stream=stream)
+
+
+__all__ = ["rms_norm", "rope"]

@@ -10,6 +10,7 @@ DTYPES = [mx.float32, mx.float16, mx.bfloat16]
 # accumulation for float32.
 TOLERANCES = {
     "rms_norm": {mx.float32: 2e-6, mx.float16: 1e-3, mx.bfloat16: 8e-3},
+    "rope": {mx.float32: 2e-6, mx.float16: 1e-3, mx.bfloat16: 8e-3},
 }
 
 

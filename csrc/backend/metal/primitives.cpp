@@ -1,8 +1,10 @@
 // Metal: the primitives whose Metal kernel is not written yet say so.
 #include "csrc/rms_norm.h"
+#include "csrc/rope.h"
 
 namespace mlx_ggml_ext {
 
 MLX_GGML_EXT_NO_GPU_KERNEL(RMSNorm)
+MLX_GGML_EXT_NO_GPU_KERNEL(RoPE)
 
 }  // namespace mlx_ggml_ext

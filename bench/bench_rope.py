@@ -1,0 +1,62 @@
+"""rope against mx.fast.rope and the streaming roofline, one run.
+
+Our op runs on ggml's layout (B, T, H, D); mx.fast.rope gets the same data in MLX's
+(B, H, T, D) layout (copied once, outside the timing). Each timed evaluation holds
+`--graph` independent ops on distinct inputs so MLX's per-eval overhead is amortized
+and the data does not sit in cache between ops."""
+
+import argparse
+
+import mlx.core as mx
+
+from common import cpu_roofline_gbs, device_name, emit, header, interleaved
+from mlx_ggml_ext import ops
+
+DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
+
+
+def run(shape, mode: str, dtype_name: str, graph: int, rounds: int) -> dict:
+    dtype = DTYPES[dtype_name]
+    batch, tokens, heads, dim = shape
+    xs = [mx.random.normal(shape).astype(dtype) for _ in range(graph)]
+    xs_mlx = [mx.contiguous(x.transpose(0, 2, 1, 3)) for x in xs]
+    positions = mx.arange(tokens, dtype=mx.int32)
+    mx.eval(xs, xs_mlx, positions)
+    traditional = mode == "normal"
+    times = interleaved({
+        "ours": lambda: [ops.rope(x, positions, dim, mode) for x in xs],
+        "mlx": lambda: [mx.fast.rope(x, dim, traditional=traditional, base=10000.0, scale=1.0, offset=0)
+                        for x in xs_mlx],
+    }, rounds=rounds)
+    per_op = {k: v / graph for k, v in times.items()}
+    moved = 2 * xs[0].nbytes  # read x, write y (positions and the angle tables stay in cache)
+    record = {
+        "bench": "rope", "shape": list(shape), "mode": mode, "dtype": dtype_name, "device": device_name(),
+        "graph_ops": graph, "time_us": per_op["ours"] * 1e6, "mlx_fast_time_us": per_op["mlx"] * 1e6,
+        "gbs": moved / per_op["ours"] / 1e9, "speedup_vs_mlx_fast": per_op["mlx"] / per_op["ours"],
+    }
+    if mx.default_device() == mx.cpu:
+        roof = cpu_roofline_gbs(graph * moved // 2, graph * moved // 2)
+        record.update(roofline_gbs=roof, fraction_of_roofline=record["gbs"] / roof)
+    return record
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--shape", default="1x512x32x128", help="B x T x H x D (ggml layout)")
+    p.add_argument("--modes", default="normal,neox")
+    p.add_argument("--dtypes", default="float32,float16,bfloat16")
+    p.add_argument("--graph", type=int, default=4)
+    p.add_argument("--rounds", type=int, default=20)
+    p.add_argument("--mlx-default-cache", action="store_true",
+                   help="keep MLX's default 32 MB buffer cache (outputs page-fault on every eval)")
+    args = p.parse_args()
+    shape = tuple(int(v) for v in args.shape.split("x"))
+    header(raise_cache_limit=not args.mlx_default_cache)
+    for dtype in args.dtypes.split(","):
+        for mode in args.modes.split(","):
+            emit(run(shape, mode, dtype, args.graph, args.rounds))
+
+
+if __name__ == "__main__":
+    main()

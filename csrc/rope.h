@@ -1,0 +1,79 @@
+// ggml's rope_ext: rotary position embedding in ggml's layout, x of shape (..., T, H, D).
+#pragma once
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "csrc/utils.h"
+#include "kernels/cpu/rope.h"
+
+namespace mlx_ggml_ext {
+
+// ggml's mode ids. MROPE (8), VISION (24) and IMROPE (40) are recognized and
+// refused with not_implemented_error; other ids are a ValueError.
+enum class RopeMode : int { normal = 0, neox = 2 };
+RopeMode rope_mode(int ggml_mode);
+RopeMode rope_mode(const std::string& name);
+
+struct RopeParams {
+  int n_dims = 0;
+  RopeMode mode = RopeMode::normal;
+  float freq_base = 10000.0f;
+  float freq_scale = 1.0f;
+  float ext_factor = 0.0f;
+  float attn_factor = 1.0f;
+  float beta_fast = 32.0f;
+  float beta_slow = 1.0f;
+  int n_ctx_orig = 0;
+  bool operator==(const RopeParams&) const = default;
+};
+
+// positions: int32 (T,) for x (..., T, H, D); freq_factors: float32 (n_dims/2,) or None.
+mx::array rope(const mx::array& x, const mx::array& positions, const RopeParams& params,
+               const std::optional<mx::array>& freq_factors, mx::StreamOrDevice s = {});
+// positions = offset + arange(T)
+mx::array rope(const mx::array& x, int offset, const RopeParams& params,
+               const std::optional<mx::array>& freq_factors, mx::StreamOrDevice s = {});
+
+// The SPEC's per-op constants (theta_scale, YaRN magnitude) and the YaRN mix r of
+// every pair (empty when ext_factor == 0), computed on the host for every backend.
+ggml_ext::cpu::RopeAngles rope_angles(const RopeParams& p, bool inverse);
+std::vector<float> rope_ramp(const RopeParams& p);
+
+// Inputs: x (L..., T, H, D), positions (Gp..., T) int32 and optionally freq_factors
+// (Gf..., n_dims/2) float32, where Gp and Gf are leading prefixes of L (the public op
+// has none; vmap over positions or freq_factors adds them): batch index l uses the
+// positions and freq_factors rows under its prefix. `inverse` rotates by minus the
+// angle: the transpose of the rotation, which is the vjp.
+class RoPE : public mx::UnaryPrimitive {
+ public:
+  RoPE(mx::Stream stream, const RopeParams& params, bool inverse)
+      : mx::UnaryPrimitive(stream), params_(params), inverse_(inverse) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+
+  std::vector<mx::array> jvp(const std::vector<mx::array>& primals,
+                             const std::vector<mx::array>& tangents,
+                             const std::vector<int>& argnums) override;
+  std::vector<mx::array> vjp(const std::vector<mx::array>& primals,
+                             const std::vector<mx::array>& cotangents,
+                             const std::vector<int>& argnums,
+                             const std::vector<mx::array>& outputs) override;
+  std::pair<std::vector<mx::array>, std::vector<int>> vmap(const std::vector<mx::array>& inputs,
+                                                           const std::vector<int>& axes) override;
+
+  const char* name() const override { return "GGMLExtRoPE"; }
+  bool is_equivalent(const mx::Primitive& other) const override;
+  // Re-checks the shapes, which mx.compile(shapeless=True) may change after the op's checks.
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override;
+
+  const RopeParams& params() const { return params_; }
+  bool inverse() const { return inverse_; }
+
+ private:
+  RopeParams params_;
+  bool inverse_;
+};
+
+}  // namespace mlx_ggml_ext

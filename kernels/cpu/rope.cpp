@@ -1,0 +1,308 @@
+#include "kernels/cpu/rope.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "kernels/cpu/parallel.h"
+#include "kernels/cpu/simd.h"
+
+namespace ggml_ext::cpu {
+namespace GGML_EXT_ISA {
+namespace {
+
+typedef double vf64 __attribute__((vector_size(kLanes * 8)));
+typedef int64_t vi64 __attribute__((vector_size(kLanes * 8)));
+typedef int32_t vi32 __attribute__((vector_size(kLanes * 4)));
+
+// ---------------------------------------------------------------------------
+// sin and cos of float32 angles, about one ulp. ggml computes cosf/sinf of the
+// float angle, which reaches 1e5 rad and more for long contexts, so the reduction
+// by multiples of pi/2 runs in double with pi/2 = kHalfPiHi + kHalfPiLo, kHalfPiHi
+// having 32 significant bits: j * kHalfPiHi is exact for |j| < 2^21, with or
+// without FMA. Lanes beyond that range (or not finite) take the scalar library.
+constexpr double kTwoOverPi = 0x1.45f306dc9c883p-1;
+constexpr double kHalfPiHi = 0x1.921fb544p+0;
+constexpr double kHalfPiLo = 0x1.0b4611a626331p-34;
+constexpr float kReducedRange = 0x1p21f;
+constexpr double kRoundShifter = 0x1.8p52;  // x + 1.5*2^52 rounds x to an integer in the low bits
+
+struct SinCos {
+  vf32 sin, cos;
+};
+
+inline vf32 select(vi32 mask, vf32 if_set, vf32 if_clear) {
+  return (vf32)(((vu32)if_set & (vu32)mask) | ((vu32)if_clear & ~(vu32)mask));
+}
+
+SinCos sincos(vf32 x) {
+  const vf64 xd = __builtin_convertvector(x, vf64);
+  const vf64 shifted = xd * kTwoOverPi + kRoundShifter;
+  const vf64 j = shifted - kRoundShifter;
+  const vf32 r = __builtin_convertvector((xd - j * kHalfPiHi) - j * kHalfPiLo, vf32);
+  // Taylor series on |r| <= pi/4; the first omitted terms are below 2e-9.
+  const vf32 r2 = r * r;
+  const vf32 sin_r =
+      r + r * r2 * (-1.0f / 6 + r2 * (1.0f / 120 + r2 * (-1.0f / 5040 + r2 * (1.0f / 362880))));
+  const vf32 cos_r =
+      1.0f - 0.5f * r2 +
+      r2 * r2 * (1.0f / 24 + r2 * (-1.0f / 720 + r2 * (1.0f / 40320 + r2 * (-1.0f / 3628800))));
+  // x = j*pi/2 + r: quadrant j mod 4 swaps sin/cos (odd) and sets their signs.
+  const vi32 quadrant = __builtin_convertvector((vi64)shifted & 3, vi32);
+  const vi32 odd = (quadrant & 1) != 0;
+  const vu32 sin_sign = (vu32)(quadrant & 2) << 30;
+  const vu32 cos_sign = (vu32)((quadrant + 1) & 2) << 30;
+  SinCos out{(vf32)((vu32)select(odd, cos_r, sin_r) ^ sin_sign),
+             (vf32)((vu32)select(odd, sin_r, cos_r) ^ cos_sign)};
+
+  const vf32 magnitude = (vf32)((vu32)x & 0x7fffffffu);
+  const vi32 outside = (magnitude <= kReducedRange) == 0;  // NaN lands here too
+  const vi32 none = {};
+  if (std::memcmp(&outside, &none, sizeof none) == 0) return out;  // the common case, one vector test
+  for (int l = 0; l < kLanes; ++l) {
+    if (outside[l]) {
+      out.sin[l] = static_cast<float>(std::sin(static_cast<double>(x[l])));
+      out.cos[l] = static_cast<float>(std::cos(static_cast<double>(x[l])));
+    }
+  }
+  return out;
+}
+
+// v * w rounded once to float32. The product of two floats is exact in double, so
+// going through double makes it a separate rounding that FMA contraction cannot
+// fuse with the following add: the YaRN mix must round like the SPEC's formula.
+inline vf32 rounded_product(vf32 v, vf32 w) {
+  return __builtin_convertvector(__builtin_convertvector(v, vf64) * __builtin_convertvector(w, vf64), vf32);
+}
+
+template <size_t kFrom, size_t... I>
+inline vf32 interleave_impl(vf32 a, vf32 b, std::index_sequence<I...>) {
+  return __builtin_shufflevector(a, b, ((I % 2 ? kLanes : 0) + kFrom + I / 2)...);
+}
+
+// (a0, b0, a1, b1, ...) from the low halves of a and b, or from the high halves.
+inline vf32 interleave_low(vf32 a, vf32 b) {
+  return interleave_impl<0>(a, b, std::make_index_sequence<kLanes>{});
+}
+inline vf32 interleave_high(vf32 a, vf32 b) {
+  return interleave_impl<kLanes / 2>(a, b, std::make_index_sequence<kLanes>{});
+}
+
+template <size_t kOdd, size_t... I>
+inline vf32 deinterleave_impl(vf32 a, vf32 b, std::index_sequence<I...>) {
+  return __builtin_shufflevector(a, b, (2 * I + kOdd)...);
+}
+
+// The even-indexed (or odd-indexed) elements of the concatenation a, b.
+inline vf32 evens(vf32 a, vf32 b) { return deinterleave_impl<0>(a, b, std::make_index_sequence<kLanes>{}); }
+inline vf32 odds(vf32 a, vf32 b) { return deinterleave_impl<1>(a, b, std::make_index_sequence<kLanes>{}); }
+
+inline int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+
+// Transposes kLanes vectors in place (rows[k][l] <-> rows[l][k]): log2(kLanes)
+// rounds of interleaving row j with row j + kLanes/2.
+inline void transpose(vf32 (&rows)[kLanes]) {
+  for (int round = 1; round < kLanes; round *= 2) {
+    vf32 next[kLanes];
+    for (int j = 0; j < kLanes / 2; ++j) {
+      next[2 * j] = interleave_low(rows[j], rows[j + kLanes / 2]);
+      next[2 * j + 1] = interleave_high(rows[j], rows[j + kLanes / 2]);
+    }
+    for (int j = 0; j < kLanes; ++j) rows[j] = next[j];
+  }
+}
+
+// Per-thread scratch. The pair axis is padded to whole vectors (padding pairs use
+// factor 1 and no ramp; their values are never read back).
+struct Scratch {
+  int64_t pairs;         // n_dims/2 rounded up to kLanes
+  std::vector<float> buf;
+  float* factors;        // (pairs)
+  float* ramp;           // (pairs) r
+  float* keep;           // (pairs) 1 - r
+  float* cos_tab;        // (kLanes, pairs): cos of each pair, one row per token
+  float* sin_tab;        // (kLanes, pairs): sin times the sign of the rotation
+
+  explicit Scratch(const RopeArgs& a) : pairs(round_up(a.n_dims / 2, kLanes)) {
+    buf.assign(pairs * (2 * kLanes + 3), 0.0f);
+    factors = buf.data();
+    ramp = factors + pairs;
+    keep = ramp + pairs;
+    cos_tab = keep + pairs;
+    sin_tab = cos_tab + pairs * kLanes;
+    const int64_t half = a.n_dims / 2;
+    std::fill(factors, factors + pairs, 1.0f);
+    for (int64_t i = 0; i < half; ++i) {
+      ramp[i] = a.ramp ? a.ramp[i] : 0.0f;
+      keep[i] = 1.0f - ramp[i];
+    }
+    std::fill(keep + half, keep + pairs, 1.0f);
+  }
+};
+
+// cos and sin of every pair for up to kLanes consecutive tokens (row l of
+// cos_tab/sin_tab for token l), both scaled by mscale.
+void fill_tables(const RopeArgs& a, const int32_t* positions, const float* factors, int64_t tokens,
+                 Scratch& w) {
+  const RopeAngles& g = a.angles;
+  if (factors) std::memcpy(w.factors, factors, (a.n_dims / 2) * sizeof(float));
+  const float sin_scale = g.mscale * g.sin_sign;
+  vi32 pos = {};
+  for (int64_t l = 0; l < tokens; ++l) pos[l] = positions[l];
+  vf32 theta = __builtin_convertvector(pos, vf32);
+  for (int64_t i = 0; i < w.pairs; i += kLanes) {
+    // The SPEC's iterated float32 product runs along the pairs, so it is vectorized
+    // across tokens (one per lane); a transpose turns kLanes pairs of it into one
+    // vector per token, and the rest runs kLanes pairs at a time.
+    vf32 rows[kLanes];
+    for (int k = 0; k < kLanes; ++k) {
+      rows[k] = theta;
+      theta *= g.theta_scale;  // an iterated product, not a pow per pair
+    }
+    transpose(rows);
+    const vf32 factor = factors ? F32::load(w.factors + i) : splat(1.0f);
+    const vf32 keep = F32::load(w.keep + i), ramp = F32::load(w.ramp + i);
+    for (int64_t l = 0; l < tokens; ++l) {
+      const vf32 extrap = factors ? rows[l] / factor : rows[l];
+      const vf32 interp = extrap * g.freq_scale;
+      const vf32 angle =
+          a.ramp ? rounded_product(interp, keep) + rounded_product(extrap, ramp) : interp;
+      const SinCos sc = sincos(angle);
+      F32::store(w.cos_tab + l * w.pairs + i, sc.cos * g.mscale);
+      F32::store(w.sin_tab + l * w.pairs + i, sc.sin * sin_scale);
+    }
+  }
+}
+
+// NORMAL: pairs (2i, 2i+1). Two vectors at a time are split into their even and
+// odd elements, rotated like NEOX's halves and interleaved back: half the table
+// loads of a duplicated-table layout, which measured faster.
+template <class Fmt>
+void rotate_normal(const typename Fmt::T* x, typename Fmt::T* y, const float* ct, const float* st,
+                   int64_t n_dims) {
+  int64_t k = 0;
+  for (; k + 2 * kLanes <= n_dims; k += 2 * kLanes) {
+    const vf32 va = Fmt::load(x + k), vb = Fmt::load(x + k + kLanes);
+    const vf32 x0 = evens(va, vb), x1 = odds(va, vb);
+    const vf32 c = F32::load(ct + k / 2), s = F32::load(st + k / 2);
+    const vf32 y0 = x0 * c - x1 * s, y1 = x0 * s + x1 * c;
+    Fmt::store(y + k, interleave_low(y0, y1));
+    Fmt::store(y + k + kLanes, interleave_high(y0, y1));
+  }
+  for (; k < n_dims; k += 2) {
+    const float x0 = Fmt::to_f32(x[k]), x1 = Fmt::to_f32(x[k + 1]);
+    y[k] = Fmt::from_f32(x0 * ct[k / 2] - x1 * st[k / 2]);
+    y[k + 1] = Fmt::from_f32(x0 * st[k / 2] + x1 * ct[k / 2]);
+  }
+}
+
+// NEOX: pairs (i, i + n_dims/2), two contiguous halves.
+template <class Fmt>
+void rotate_neox(const typename Fmt::T* x, typename Fmt::T* y, const float* ct, const float* st,
+                 int64_t n_dims) {
+  const int64_t half = n_dims / 2;
+  int64_t i = 0;
+  for (; i + kLanes <= half; i += kLanes) {
+    const vf32 x0 = Fmt::load(x + i), x1 = Fmt::load(x + half + i);
+    const vf32 c = F32::load(ct + i), s = F32::load(st + i);
+    Fmt::store(y + i, x0 * c - x1 * s);
+    Fmt::store(y + half + i, x0 * s + x1 * c);
+  }
+  for (; i < half; ++i) {
+    const float x0 = Fmt::to_f32(x[i]), x1 = Fmt::to_f32(x[half + i]);
+    y[i] = Fmt::from_f32(x0 * ct[i] - x1 * st[i]);
+    y[half + i] = Fmt::from_f32(x0 * st[i] + x1 * ct[i]);
+  }
+}
+
+// How the work is cut: a unit is up to `group` consecutive tokens of up to
+// `batches_per_unit` of the batches that share one angle table (same positions and
+// freq_factors rows). Its table is computed once and applied to all its heads.
+struct Split {
+  int64_t group;              // tokens per unit (<= kLanes: one per lane of the table math)
+  int64_t groups;             // per token row
+  int64_t batches_per_table;
+  int64_t batches_per_unit;
+  int64_t chunks;             // units per (table, token group)
+  int64_t units;
+};
+
+Split split_work(const RopeArgs& a) {
+  Split w{};
+  w.batches_per_table =
+      std::min(a.batches_per_positions_row, a.freq_factors ? a.batches_per_factors_row : a.batches);
+  const int64_t tables = a.batches / w.batches_per_table;
+  // Enough units to share among the threads: fewer tokens per table, then fewer
+  // batches per unit, when the full-width split leaves too few. Results do not
+  // depend on the split: every lane of the table math is computed alone.
+  const int64_t wanted = 4 * static_cast<int64_t>(num_threads());
+  w.group = std::clamp<int64_t>(tables * a.tokens / wanted, 1, std::min<int64_t>(kLanes, a.tokens));
+  w.groups = (a.tokens + w.group - 1) / w.group;
+  const int64_t chunks = std::clamp<int64_t>((wanted + tables * w.groups - 1) / (tables * w.groups), 1,
+                                             w.batches_per_table);
+  w.batches_per_unit = (w.batches_per_table + chunks - 1) / chunks;
+  w.chunks = (w.batches_per_table + w.batches_per_unit - 1) / w.batches_per_unit;
+  w.units = tables * w.groups * w.chunks;
+  return w;
+}
+
+template <class Fmt>
+void rope_units(const RopeArgs& a, const Split& w, int64_t begin, int64_t end) {
+  using T = typename Fmt::T;
+  const T* x = static_cast<const T*>(a.x);
+  T* y = static_cast<T*>(a.y);
+  const int64_t half = a.n_dims / 2;
+  const int64_t row = a.heads * a.dim;  // one token
+  const bool copy_rest = x != y && a.dim > a.n_dims;
+  Scratch scratch(a);
+  for (int64_t u = begin; u < end; ++u) {
+    const int64_t chunk = u % w.chunks;
+    const int64_t t0 = (u / w.chunks % w.groups) * w.group;
+    const int64_t table_batch = u / (w.chunks * w.groups) * w.batches_per_table;
+    const int64_t first_batch = table_batch + chunk * w.batches_per_unit;
+    const int64_t end_batch = std::min(first_batch + w.batches_per_unit, table_batch + w.batches_per_table);
+    const int64_t n_tok = std::min(w.group, a.tokens - t0);
+    const int32_t* pos = a.positions + (table_batch / a.batches_per_positions_row) * a.tokens + t0;
+    const float* factors =
+        a.freq_factors ? a.freq_factors + (table_batch / a.batches_per_factors_row) * half : nullptr;
+    fill_tables(a, pos, factors, n_tok, scratch);
+    for (int64_t b = first_batch; b < end_batch; ++b) {
+      for (int64_t l = 0; l < n_tok; ++l) {
+        const float* ct = scratch.cos_tab + l * scratch.pairs;
+        const float* st = scratch.sin_tab + l * scratch.pairs;
+        const int64_t token_offset = (b * a.tokens + t0 + l) * row;
+        for (int64_t h = 0; h < a.heads; ++h) {
+          const T* xr = x + token_offset + h * a.dim;
+          T* yr = y + token_offset + h * a.dim;
+          if (a.neox) {
+            rotate_neox<Fmt>(xr, yr, ct, st, a.n_dims);
+          } else {
+            rotate_normal<Fmt>(xr, yr, ct, st, a.n_dims);
+          }
+          if (copy_rest) std::memcpy(yr + a.n_dims, xr + a.n_dims, (a.dim - a.n_dims) * sizeof(T));
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void rope(const RopeArgs& a) {
+  if (a.batches == 0 || a.tokens == 0 || a.heads == 0 || a.dim == 0) return;
+  const Split w = split_work(a);
+  // Threads only pay off past a few tens of kilobytes per part.
+  const int64_t unit_elems = w.group * w.batches_per_unit * a.heads * a.dim;
+  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, unit_elems));
+  GGML_EXT_FLOAT_SWITCH(a.type, Fmt, parallel_for(w.units, grain, [&](int64_t b, int64_t e) {
+                          rope_units<Fmt>(a, w, b, e);
+                        }));
+}
+
+}  // namespace GGML_EXT_ISA
+
+GGML_EXT_DISPATCH(rope, RopeArgs)
+
+}  // namespace ggml_ext::cpu
