@@ -1,5 +1,6 @@
 // Python bindings: every op of the package, in one place.
 #include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/variant.h>
@@ -8,6 +9,7 @@
 #include <chrono>
 #include <mutex>
 
+#include "csrc/mapped_file.h"
 #include "csrc/rms_norm.h"
 #include "csrc/rope.h"
 #include "kernels/cpu/isa.h"
@@ -124,4 +126,42 @@ NB_MODULE(_ext, m) {
   m.def("measure_stream", &measure_stream, "kind"_a, "bytes"_a, "repeats"_a = 5,
         "Best-of-repeats seconds of a threaded streaming 'copy', 'copy_nt' (cache-bypassing\n"
         "stores) or 'read' of `bytes`.");
+
+  // GGUF loading: a read-only memory map whose bytes become MLX arrays without a copy.
+  auto non_negative = [](int64_t v, const char* what) {
+    if (v < 0) throw std::invalid_argument(cat("[MappedFile] ", what, " must be >= 0, got ", v, "."));
+    return static_cast<uint64_t>(v);
+  };
+  nb::class_<MappedFile>(m, "MappedFile",
+                         "A read-only memory map of a whole file. Arrays made by array() point into the "
+                         "mapping (when zero_copy) and keep it alive; ranges are bounds-checked (ValueError).")
+      .def("__init__", [](MappedFile* self, const std::string& path) {
+             try {
+               new (self) MappedFile(path);
+             } catch (const mapped_file_os_error& e) {
+               errno = e.error_code;  // OSError picks the subclass (FileNotFoundError, ...) from it
+               PyErr_SetFromErrnoWithFilename(PyExc_OSError, path.c_str());
+               throw nb::python_error();
+             }
+           }, "path"_a)
+      .def_prop_ro("path", &MappedFile::path)
+      .def_prop_ro("size", &MappedFile::size, "File size in bytes.")
+      .def_prop_ro("zero_copy", &MappedFile::zero_copy,
+                   "True when array() shares the mapped pages; False when this MLX allocator needs a copy.")
+      .def("bytes", [non_negative](const MappedFile& f, int64_t offset, int64_t nbytes) {
+             auto s = f.bytes(non_negative(offset, "offset"), non_negative(nbytes, "nbytes"));
+             return nb::bytes(s.data(), s.size());
+           }, "offset"_a, "nbytes"_a, "A copy of bytes [offset, offset + nbytes).")
+      .def("array", [non_negative](const MappedFile& f, int64_t offset, int64_t nbytes) {
+             return f.array(non_negative(offset, "offset"), {nbytes});
+           }, "offset"_a, "nbytes"_a, "uint8 array of bytes [offset, offset + nbytes).")
+      .def("array", [non_negative](const MappedFile& f, int64_t offset, const std::vector<int64_t>& shape) {
+             return f.array(non_negative(offset, "offset"), shape);
+           }, "offset"_a, "shape"_a, "uint8 array of `shape` over the bytes from offset on (row-major).")
+      .def("view", [](const MappedFile& f) {
+             auto owner = new std::shared_ptr<const void>(f.keep_alive());
+             nb::capsule keep(owner, [](void* p) noexcept { delete static_cast<std::shared_ptr<const void>*>(p); });
+             size_t shape[1] = {static_cast<size_t>(f.size())};
+             return nb::ndarray<nb::numpy, const uint8_t, nb::ndim<1>>(f.data(), 1, shape, keep);
+           }, "The whole file as a read-only numpy uint8 array (no copy; keeps the mapping alive).");
 }

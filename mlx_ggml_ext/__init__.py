@@ -12,7 +12,7 @@ except ImportError as e:  # e.g. `python -m mlx_ggml_ext` run inside the source 
         f"{__file__}. If this is the source tree, install the package (pip install .) "
         "and run from another directory, or use the `mlx-ggml-ext` command.") from e
 
-from . import ops
+from . import gguf, ops
 from .types import GGMLTensor, GGMLType
 from ._ext import cpu_isa, cpu_isas, num_threads, set_cpu_isa, set_num_threads
 
@@ -33,5 +33,5 @@ def backends() -> dict:
     }
 
 
-__all__ = ["ops", "GGMLType", "GGMLTensor", "backends", "cpu_isa", "cpu_isas", "set_cpu_isa", "num_threads",
+__all__ = ["ops", "gguf", "GGMLType", "GGMLTensor", "backends", "cpu_isa", "cpu_isas", "set_cpu_isa", "num_threads",
            "set_num_threads", "__version__"]
