@@ -7,6 +7,8 @@
 
 #include <chrono>
 
+#include "csrc/dequantize.h"
+#include "csrc/quantize.h"
 #include "csrc/rms_norm.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/parallel.h"
@@ -50,12 +52,22 @@ NB_MODULE(_ext, m) {
       std::rethrow_exception(p);
     } catch (const type_error& e) {
       PyErr_SetString(PyExc_TypeError, e.what());
+    } catch (const not_implemented_error& e) {
+      PyErr_SetString(PyExc_NotImplementedError, e.what());
     }
   });
 
   m.def("rms_norm", &rms_norm, "x"_a, "weight"_a = nb::none(), "eps"_a = 1e-6f, nb::kw_only(),
         "stream"_a = nb::none(),
         "Fused RMSNorm: x / sqrt(mean(x^2, -1) + eps) * weight, float32 math, one rounding.");
+  m.def("dequantize",
+        [](const mx::array& data, int type, const std::vector<int>& shape, mx::Dtype dtype, mx::StreamOrDevice s) {
+          return dequantize(data, type, mx::Shape(shape.begin(), shape.end()), dtype, s);
+        },
+        "data"_a, "ggml_type"_a, "shape"_a, "dtype"_a = mx::float32, nb::kw_only(),
+        "stream"_a = nb::none(), "Raw ggml blocks (uint8) of a tensor of logical `shape` as floats.");
+  m.def("quantize", &quantize, "w"_a, "ggml_type"_a, nb::kw_only(), "stream"_a = nb::none(),
+        "Float tensor (..., K) as ggml blocks, uint8 (rows, bytes_per_row).");
 
   // Runtime configuration and introspection
   m.def("gpu_backend", &gpu_backend, "The GPU backend this build was compiled for: cuda, metal or cpu.");

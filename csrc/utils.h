@@ -19,6 +19,11 @@ struct type_error : std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
+// Raised for a case the package does not implement; the bindings turn it into NotImplementedError.
+struct not_implemented_error : std::logic_error {
+  using std::logic_error::logic_error;
+};
+
 std::string shape_str(const mx::Shape& shape);
 std::string dtype_str(mx::Dtype dtype);
 

@@ -36,4 +36,41 @@ def rms_norm(x: mx.array, weight: Optional[mx.array] = None, eps: float = 1e-6, 
     return _ext.rms_norm(x, weight, float(eps), stream=stream)
 
 
-__all__ = ["rms_norm"]
+def dequantize(data: mx.array, ggml_type, shape, dtype: mx.Dtype = mx.float32, *,
+               stream: Stream = None) -> mx.array:
+    """Raw ggml blocks as floats of the logical ``shape``.
+
+    ``data``: uint8, ``rows x bytes_per_row`` bytes, shaped ``(rows, bytes_per_row)`` (or flat, or with any
+    leading axes and a last axis of ``bytes_per_row``); ``ggml_type``: a :class:`GGMLType`, name ("q4_k") or
+    id; ``shape``: the tensor's shape in MLX order (last axis = ggml's ne0, a multiple of the block size).
+    Every type of the SPEC table. float32 output is bit-identical to ``gguf.quants.dequantize``; float16 and
+    bfloat16 are rounded once from it. vmap over a batch of tensors works; the bytes have no gradient.
+    """
+    from .types import GGMLType
+
+    _require_array("data", data)
+    t = GGMLType.of(ggml_type)
+    if isinstance(shape, (int, str)) or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
+        raise TypeError(f"shape must be a sequence of ints, got {shape!r}")
+    if not isinstance(dtype, mx.Dtype):
+        raise TypeError(f"dtype must be an mlx.core.Dtype, got {type(dtype).__name__}")
+    return _ext.dequantize(data, int(t), list(shape), dtype, stream=stream)
+
+
+def quantize(w: mx.array, ggml_type, *, stream: Stream = None) -> mx.array:
+    """A float tensor ``(..., K)`` as ggml blocks: uint8 ``(rows, bytes_per_row)``, rows = the product of
+    the leading axes (1 for a vector); wrap it as ``GGMLTensor(blocks, ggml_type, w.shape)``.
+
+    F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and MXFP4 are byte-identical to ``gguf.quants.quantize``
+    for finite input (two documented exceptions for blocks whose largest magnitude is below 2**-125, where
+    gguf's result is platform-dependent: see the README). Q4_K, Q5_K and Q6_K use a least-squares scale
+    search (reconstruction error below ggml's reference quantizer's; README). Other types raise
+    NotImplementedError. A block containing NaN or +-inf decodes to NaN in every element (MXFP4: +inf).
+    """
+    from .types import GGMLType
+
+    _require_array("w", w)
+    return _ext.quantize(w, int(GGMLType.of(ggml_type)), stream=stream)
+
+
+__all__ = ["rms_norm", "dequantize", "quantize"]
