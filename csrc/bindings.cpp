@@ -93,6 +93,11 @@ NB_MODULE(_ext, m) {
           }
           throw std::invalid_argument("unknown CPU kernel variant '" + name + "'");
         }, "name"_a, "Selects the CPU kernel variant (for tests and benchmarks).");
+  m.def("time_dequantize_kernel", [](int type, int64_t n_blocks, int repeats) {
+          nb::gil_scoped_release release;
+          return time_dequantize_kernel(type, n_blocks, repeats);
+        }, "ggml_type"_a, "n_blocks"_a, "repeats"_a = 5,
+        "Best-of-repeats seconds of the CPU dequantize kernel alone on preallocated buffers (float32 out).");
   m.def("measure_stream", &measure_stream, "kind"_a, "bytes"_a, "repeats"_a = 5,
         "Best-of-repeats seconds of a threaded streaming 'copy' or 'read' of `bytes`.");
 }

@@ -10,6 +10,10 @@ namespace mlx_ggml_ext {
 mx::array dequantize(const mx::array& data, int ggml_type, const mx::Shape& shape, mx::Dtype dtype,
                      mx::StreamOrDevice s = {});
 
+// Best-of-`repeats` seconds of the CPU dequantize kernel alone (float32 output, preallocated and faulted-in
+// buffers, no MLX graph): what the benchmark compares MLX's per-op cost against.
+double time_dequantize_kernel(int ggml_type, int64_t n_blocks, int repeats);
+
 // Input: blocks (..., row_bytes) uint8, row-contiguous. Output: (..., row_bytes / type_size * block_size).
 // The public op has one leading axis (rows); vmap adds more.
 class Dequantize : public mx::UnaryPrimitive {

@@ -25,6 +25,29 @@ BLOCKS = {
     "Q5_K": (256, 176), "Q6_K": (256, 210), "IQ4_NL": (32, 18), "IQ4_XS": (256, 136), "MXFP4": (32, 17),
 }
 
+# Byte offsets of the float16 scale fields in each block (d, then m or dmin)
+SCALE_FIELDS = {
+    "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0], "Q2_K": [80, 82], "Q3_K": [108],
+    "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "IQ4_NL": [0], "IQ4_XS": [0],
+}
+
+
+def random_blocks(rng: np.random.Generator, ggml_type: str, rows: int, k: int, scales=(-0.05, 0.05)) -> np.ndarray:
+    """uint8 (rows, bytes_per_row) of random blocks whose scales are finite: float16 scale fields drawn
+    uniformly from `scales`, MXFP4 exponents near 2^0."""
+    name = str(ggml_type).upper().split(".")[-1]
+    block, size = BLOCKS[name]
+    data = rng.integers(0, 256, (rows * k // block, size), dtype=np.uint8)
+    for off in SCALE_FIELDS.get(name, []):
+        data[:, off:off + 2] = rng.uniform(*scales, (data.shape[0], 1)).astype(np.float16).view(np.uint8)
+    if name == "MXFP4":
+        data[:, 0] = rng.integers(120, 136, data.shape[0])
+    if name in ("F32", "F16", "BF16"):
+        x = rng.standard_normal(rows * k).astype(np.float32)
+        data = (x.view(np.uint32) >> 16).astype(np.uint16) if name == "BF16" else x.astype(
+            np.float16 if name == "F16" else np.float32)
+    return np.ascontiguousarray(data).view(np.uint8).reshape(rows, -1)
+
 
 def _half(b: np.ndarray, offset: int) -> np.ndarray:
     """The float16 at byte `offset` of each block, as a column of float64."""

@@ -22,11 +22,7 @@ EXACT_QUANTIZE = [GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q4_0, GGML
 K_QUANTIZE = [GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K]
 NOT_QUANTIZABLE = [GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.IQ4_NL, GGMLType.IQ4_XS]
 # Byte offsets of each block's float16 scale fields (from the SPEC's field order).
-HALF_FIELDS = {
-    GGMLType.Q4_0: [0], GGMLType.Q4_1: [0, 2], GGMLType.Q5_0: [0], GGMLType.Q5_1: [0, 2], GGMLType.Q8_0: [0],
-    GGMLType.Q2_K: [80, 82], GGMLType.Q3_K: [108], GGMLType.Q4_K: [0, 2], GGMLType.Q5_K: [0, 2],
-    GGMLType.Q6_K: [208], GGMLType.IQ4_NL: [0], GGMLType.IQ4_XS: [0],
-}
+HALF_FIELDS = {GGMLType[name]: offsets for name, offsets in reference.SCALE_FIELDS.items()}
 # NaN payloads follow x86's (first operand) propagation in numpy and in the kernels; elsewhere numpy may differ.
 X86 = platform.machine().lower() in ("x86_64", "amd64")
 
@@ -371,6 +367,23 @@ def test_k_quantize_beats_the_simple_spec_quantizer(cpu_isa, t, data):
     ours, base = rmse(y, x), rmse(simple, x)
     assert ours <= base, (ours, base)
     assert ours < 0.12 * np.std(x) * (2 if t == GGMLType.Q4_K else 1)  # a sanity bound on the level
+
+
+def test_quantize_is_the_same_on_every_cpu_variant():
+    """Fixed-width vectors and a fixed summation order: the same bytes whatever the ISA."""
+    rng = np.random.default_rng(14)
+    w = mx.array(rng.standard_t(3, (8, 1024)).astype(np.float32))
+    previous = mlx_ggml_ext.cpu_isa()
+    try:
+        for t in EXACT_QUANTIZE + K_QUANTIZE:
+            outs = []
+            for isa in mlx_ggml_ext.cpu_isas():
+                mlx_ggml_ext.set_cpu_isa(isa)
+                outs.append(np.array(ops.quantize(w, t)))
+            for other in outs[1:]:
+                np.testing.assert_array_equal(other, outs[0], err_msg=t.name)
+    finally:
+        mlx_ggml_ext.set_cpu_isa(previous)
 
 
 @pytest.mark.parametrize("t", K_QUANTIZE, ids=lambda t: t.name)

@@ -29,6 +29,9 @@
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/simd.h"
 
+// The 64-byte vectors below only cross inline helpers of this file: no ABI boundary.
+#pragma GCC diagnostic ignored "-Wpsabi"
+
 namespace ggml_ext::cpu {
 namespace GGML_EXT_ISA {
 namespace {
@@ -167,22 +170,62 @@ void quantize_block(const float* x, block_mxfp4* y) {
 
 // ------------------------------------------------------------------------------------------------ K-quants
 
+// Sub-blocks are held as 16-lane float vectors of a fixed width on every ISA (GCC lowers them to 1, 2 or 4
+// native vectors), summed in a fixed order: every variant computes the same numbers and writes the same bytes.
+typedef float v16f __attribute__((vector_size(64)));
+typedef int32_t v16i __attribute__((vector_size(64)));
+typedef float v8f __attribute__((vector_size(32)));
+typedef float v4f __attribute__((vector_size(16)));
+
+constexpr float kRoundMagic = 12582912.0f;  // 1.5 * 2^23: (v + m) - m rounds |v| < 2^22 to nearest even
+
+template <int V>
+struct SubBlock {  // V * 16 values
+  v16f x[V];
+  explicit SubBlock(const float* p) { std::memcpy(x, p, sizeof x); }
+};
+
+inline float sum16(v16f v) {
+  const v8f a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+                __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  const v4f b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
+  return (b[0] + b[2]) + (b[1] + b[3]);
+}
+
+// v clamped to [lo, hi] (integers), then rounded to the nearest integer (even on ties).
+inline v16f clamp_round(v16f v, float lo, float hi) {
+  const v16f vlo = v16f{} + lo, vhi = v16f{} + hi;
+  v = v > vlo ? v : vlo;
+  v = v < vhi ? v : vhi;
+  return (v + kRoundMagic) - kRoundMagic;
+}
+
+template <int V>
+void store_levels(const v16f (&L)[V], int* out) {
+  for (int v = 0; v < V; ++v) {
+    const v16i q = __builtin_convertvector(L[v], v16i);
+    std::memcpy(out + 16 * v, &q, sizeof q);
+  }
+}
+
 // Sub-block fit x ~ scale * L - min with L in [0, nmax], min >= 0 (Q4_K/Q5_K store a min to subtract).
 struct AffineFit {
   float scale = 0.0f;
   float min = 0.0f;
-  double err = 0.0;
+  float err = 0.0f;
 };
 
-// Least squares of scale and min for fixed levels L, min clamped at >= 0.
-AffineFit fit_levels(const float* x, const int* L, int n) {
-  double sl = 0, sl2 = 0, sx = 0, slx = 0;
-  for (int i = 0; i < n; ++i) {
-    sl += L[i];
-    sl2 += static_cast<double>(L[i]) * L[i];
-    sx += x[i];
-    slx += static_cast<double>(L[i]) * x[i];
+// Least squares of scale and min for fixed levels L, min clamped at >= 0; err = the squared error.
+template <int V>
+AffineFit fit_levels(const SubBlock<V>& s, const v16f (&L)[V]) {
+  v16f al = {}, al2 = {}, alx = {}, ax = {};
+  for (int v = 0; v < V; ++v) {
+    al += L[v];
+    al2 += L[v] * L[v];
+    alx += L[v] * s.x[v];
+    ax += s.x[v];
   }
+  const double n = 16 * V, sl = sum16(al), sl2 = sum16(al2), slx = sum16(alx), sx = sum16(ax);
   const double det = n * sl2 - sl * sl;
   double scale = det > 0 ? (n * slx - sl * sx) / det : 0.0;
   double offset = det > 0 ? (sx - scale * sl) / n : sx / n;
@@ -190,61 +233,70 @@ AffineFit fit_levels(const float* x, const int* L, int n) {
     offset = 0;
     scale = sl2 > 0 ? slx / sl2 : 0.0;
   }
-  scale = std::max(scale, 0.0);
   AffineFit f;
-  f.scale = static_cast<float>(scale);
+  f.scale = static_cast<float>(std::max(scale, 0.0));
   f.min = static_cast<float>(-offset);
-  for (int i = 0; i < n; ++i) {
-    const double r = static_cast<double>(f.scale) * L[i] - f.min - x[i];
-    f.err += r * r;
+  v16f e = {};
+  for (int v = 0; v < V; ++v) {
+    const v16f r = f.scale * L[v] - f.min - s.x[v];
+    e += r * r;
   }
+  f.err = sum16(e);
   return f;
 }
 
-void levels_for(const float* x, int n, int nmax, float iscale, float lo, int* L) {
-  for (int i = 0; i < n; ++i) L[i] = clamp_int(nearest(iscale * (x[i] - lo)), 0, nmax);
+// Levels clamp_round(iscale * (x - lo)) in [0, nmax].
+template <int V>
+void affine_levels(const SubBlock<V>& s, float iscale, float lo, float nmax, v16f (&L)[V]) {
+  for (int v = 0; v < V; ++v) L[v] = clamp_round(iscale * (s.x[v] - lo), 0.0f, nmax);
 }
 
-AffineFit search_affine(const float* x, int n, int nmax) {
-  float lo = 0.0f, hi = x[0];
-  for (int i = 0; i < n; ++i) {
-    lo = std::min(lo, x[i]);
-    hi = std::max(hi, x[i]);
+template <int V>
+AffineFit search_affine(const SubBlock<V>& s, int nmax) {
+  float lo = 0.0f, hi = s.x[0][0];
+  for (int v = 0; v < V; ++v) {
+    for (int i = 0; i < 16; ++i) {
+      lo = std::min(lo, s.x[v][i]);
+      hi = std::max(hi, s.x[v][i]);
+    }
   }
   AffineFit best;
   if (!(hi > lo)) {  // constant non-positive sub-block
     best.min = -lo;
     return best;
   }
-  int L[32];
-  best.err = DBL_MAX;
+  const float fmax = static_cast<float>(nmax);
+  v16f L[V];
+  best.err = FLT_MAX;
   // Candidate level spacings around (hi - lo) / nmax (slightly wider ones clip the extremes), and the range
   // spanning a few levels less, which finds the grid of values that are already quantized.
   auto try_spacing = [&](float levels) {
-    levels_for(x, n, nmax, levels / (hi - lo), lo, L);
-    const AffineFit f = fit_levels(x, L, n);
+    affine_levels(s, levels / (hi - lo), lo, fmax, L);
+    const AffineFit f = fit_levels(s, L);
     if (f.err < best.err) best = f;
   };
-  for (int step = -10; step <= 20; ++step) try_spacing(static_cast<float>(nmax) + 0.1f * step);
-  for (int fewer = 2; fewer <= 4; ++fewer) try_spacing(static_cast<float>(nmax - fewer));
+  for (int step = -10; step <= 20; ++step) try_spacing(fmax + 0.1f * static_cast<float>(step));
+  for (int fewer = 2; fewer <= 4; ++fewer) try_spacing(fmax - static_cast<float>(fewer));
   for (int round = 0; round < 4 && best.scale > 0.0f; ++round) {  // Lloyd: levels <-> fit
-    levels_for(x, n, nmax, 1.0f / best.scale, -best.min, L);
-    const AffineFit f = fit_levels(x, L, n);
+    affine_levels(s, 1.0f / best.scale, -best.min, fmax, L);
+    const AffineFit f = fit_levels(s, L);
     if (!(f.err < best.err)) break;
     best = f;
   }
   return best;
 }
 
-// Squared error of sub-block x with decoded values dl*L - ml (the decoder's float32 math), and its levels.
-float affine_error(const float* x, int n, int nmax, float dl, float ml, int* L) {
-  float err = 0.0f;
-  for (int i = 0; i < n; ++i) {
-    L[i] = dl > 0.0f ? clamp_int(nearest((x[i] + ml) / dl), 0, nmax) : 0;
-    const float r = dl * static_cast<float>(L[i]) - ml - x[i];
-    err += r * r;
+// Squared error of the sub-block decoded as dl*L - ml (the decoder's float32 math) with the best levels.
+template <int V>
+float affine_error(const SubBlock<V>& s, int nmax, float dl, float ml, int* levels) {
+  v16f L[V], e = {};
+  for (int v = 0; v < V; ++v) {
+    L[v] = dl > 0.0f ? clamp_round((s.x[v] + ml) / dl, 0.0f, static_cast<float>(nmax)) : v16f{};
+    const v16f r = dl * L[v] - ml - s.x[v];
+    e += r * r;
   }
-  return err;
+  store_levels(L, levels);
+  return sum16(e);
 }
 
 // Integer candidates around v / unit in [lo, hi]: the nearest and its neighbours.
@@ -264,7 +316,8 @@ float half_scale(float v) { return std::min(v, kHalfMax); }
 // Q4_K/Q5_K, given the float16 super-block scales: per sub-block the 6-bit scale and min (near the fitted
 // ones) and levels of least squared error of the decoded values. Returns the block's squared error.
 template <int kNmax>
-float assign_k_affine(const float* x, const AffineFit* fits, float d, float dmin, int* sc, int* mc, int* L) {
+float assign_k_affine(const SubBlock<2>* subs, const AffineFit* fits, float d, float dmin, int* sc, int* mc,
+                      int* L) {
   float total = 0.0f;
   for (int j = 0; j < 8; ++j) {
     int cs[5], cm[5], trial[32];
@@ -273,7 +326,7 @@ float assign_k_affine(const float* x, const AffineFit* fits, float d, float dmin
     float best = FLT_MAX;
     for (int a = 0; a < ns; ++a) {
       for (int b = 0; b < nm; ++b) {
-        const float err = affine_error(x + 32 * j, 32, kNmax, d * static_cast<float>(cs[a]),
+        const float err = affine_error(subs[j], kNmax, d * static_cast<float>(cs[a]),
                                        dmin * static_cast<float>(cm[b]), trial);
         if (err < best) {
           best = err;
@@ -291,16 +344,18 @@ float assign_k_affine(const float* x, const AffineFit* fits, float d, float dmin
 // Q4_K/Q5_K: 8 sub-blocks of 32; returns the levels, 6-bit scales and mins, and the float16 scales.
 template <int kNmax>
 void quantize_k_affine(const float* x, uint16_t* d_out, uint16_t* dmin_out, int* sc, int* mc, int* L) {
+  const SubBlock<2> subs[8] = {SubBlock<2>(x), SubBlock<2>(x + 32), SubBlock<2>(x + 64), SubBlock<2>(x + 96),
+                                SubBlock<2>(x + 128), SubBlock<2>(x + 160), SubBlock<2>(x + 192), SubBlock<2>(x + 224)};
   AffineFit fits[8];
   float max_scale = 0.0f, max_min = 0.0f;
   for (int j = 0; j < 8; ++j) {
-    fits[j] = search_affine(x + 32 * j, 32, kNmax);
+    fits[j] = search_affine(subs[j], kNmax);
     max_scale = std::max(max_scale, fits[j].scale);
     max_min = std::max(max_min, fits[j].min);
   }
   uint16_t dh = ggml_ext_fp32_to_fp16(half_scale(max_scale / 63.0f));
   uint16_t mh = ggml_ext_fp32_to_fp16(half_scale(max_min / 63.0f));
-  float err = assign_k_affine<kNmax>(x, fits, ggml_ext_fp16_to_fp32(dh), ggml_ext_fp16_to_fp32(mh), sc, mc, L);
+  float err = assign_k_affine<kNmax>(subs, fits, ggml_ext_fp16_to_fp32(dh), ggml_ext_fp16_to_fp32(mh), sc, mc, L);
   // The decoded values are linear in (d, dmin) for fixed integers: refit both by least squares and keep
   // the result (re-assigned around it) while it lowers the error.
   for (int round = 0; round < 2; ++round) {
@@ -324,7 +379,7 @@ void quantize_k_affine(const float* x, uint16_t* d_out, uint16_t* dmin_out, int*
     const uint16_t mh2 = ggml_ext_fp32_to_fp16(half_scale(static_cast<float>(dmin)));
     if (dh2 == dh && mh2 == mh) break;
     int sc2[8], mc2[8], L2[256];
-    const float err2 = assign_k_affine<kNmax>(x, fits, ggml_ext_fp16_to_fp32(dh2), ggml_ext_fp16_to_fp32(mh2),
+    const float err2 = assign_k_affine<kNmax>(subs, fits, ggml_ext_fp16_to_fp32(dh2), ggml_ext_fp16_to_fp32(mh2),
                                               sc2, mc2, L2);
     if (!(err2 < err)) break;
     err = err2;
@@ -373,73 +428,57 @@ void quantize_block(const float* x, block_q5_k* y) {
 // Q6_K sub-block fit x ~ scale * L, L in [-32, 31] (scale of either sign: the extreme may use the -32 side).
 struct SymmetricFit {
   float scale = 0.0f;
-  double err = 0.0;
+  float err = 0.0f;
 };
 
-SymmetricFit fit_symmetric(const float* x, const int* L, int n) {
-  double slx = 0, sl2 = 0, sx2 = 0;
-  for (int i = 0; i < n; ++i) {
-    slx += static_cast<double>(L[i]) * x[i];
-    sl2 += static_cast<double>(L[i]) * L[i];
-    sx2 += static_cast<double>(x[i]) * x[i];
-  }
+SymmetricFit fit_symmetric(const SubBlock<1>& s, const v16f& L) {
+  const float slx = sum16(L * s.x[0]), sl2 = sum16(L * L);
   SymmetricFit f;
-  f.scale = sl2 > 0 ? static_cast<float>(slx / sl2) : 0.0f;
-  for (int i = 0; i < n; ++i) {
-    const double r = static_cast<double>(f.scale) * L[i] - x[i];
-    f.err += r * r;
-  }
+  f.scale = sl2 > 0 ? slx / sl2 : 0.0f;
+  const v16f r = f.scale * L - s.x[0];
+  f.err = sum16(r * r);
   return f;
 }
 
-void symmetric_levels(const float* x, int n, float iscale, int* L) {
-  for (int i = 0; i < n; ++i) L[i] = clamp_int(nearest(iscale * x[i]), -32, 31);
-}
-
-SymmetricFit search_symmetric(const float* x, int n) {
+SymmetricFit search_symmetric(const SubBlock<1>& s) {
   float amax = 0.0f, vmax = 0.0f;
-  for (int i = 0; i < n; ++i) {
-    if (std::fabs(x[i]) > amax) {
-      amax = std::fabs(x[i]);
-      vmax = x[i];
+  for (int i = 0; i < 16; ++i) {
+    if (std::fabs(s.x[0][i]) > amax) {
+      amax = std::fabs(s.x[0][i]);
+      vmax = s.x[0][i];
     }
   }
   SymmetricFit best;
   if (amax == 0.0f) return best;
-  for (int i = 0; i < n; ++i) best.err += static_cast<double>(x[i]) * x[i];
-  int L[16];
+  best.err = sum16(s.x[0] * s.x[0]);
   // The extreme mapped to levels around -32 or +31 (a little past them clips it).
   for (int step = -12; step <= 6; ++step) {
-    for (float target : {-32.0f - 0.5f * step, 31.0f + 0.5f * step}) {
-      symmetric_levels(x, n, target / vmax, L);
-      const SymmetricFit f = fit_symmetric(x, L, n);
+    for (float target : {-32.0f - 0.5f * static_cast<float>(step), 31.0f + 0.5f * static_cast<float>(step)}) {
+      const SymmetricFit f = fit_symmetric(s, clamp_round((target / vmax) * s.x[0], -32.0f, 31.0f));
       if (f.err < best.err) best = f;
     }
   }
   for (int round = 0; round < 4 && best.scale != 0.0f; ++round) {
-    symmetric_levels(x, n, 1.0f / best.scale, L);
-    const SymmetricFit f = fit_symmetric(x, L, n);
+    const SymmetricFit f = fit_symmetric(s, clamp_round((1.0f / best.scale) * s.x[0], -32.0f, 31.0f));
     if (!(f.err < best.err)) break;
     best = f;
   }
   return best;
 }
 
-float symmetric_error(const float* x, int n, float dl, int* L) {
-  float err = 0.0f;
-  for (int i = 0; i < n; ++i) {
-    L[i] = dl != 0.0f ? clamp_int(nearest(x[i] / dl), -32, 31) : 0;
-    const float r = dl * static_cast<float>(L[i]) - x[i];
-    err += r * r;
-  }
-  return err;
+float symmetric_error(const SubBlock<1>& s, float dl, int* levels) {
+  const v16f L = dl != 0.0f ? clamp_round(s.x[0] / dl, -32.0f, 31.0f) : v16f{};
+  const v16f r = dl * L - s.x[0];
+  const v16f Ls[1] = {L};
+  store_levels(Ls, levels);
+  return sum16(r * r);
 }
 
 void quantize_block(const float* x, block_q6_k* y) {
   SymmetricFit fits[16];
   float max_scale = 0.0f;
   for (int j = 0; j < 16; ++j) {
-    fits[j] = search_symmetric(x + 16 * j, 16);
+    fits[j] = search_symmetric(SubBlock<1>(x + 16 * j));
     if (std::fabs(fits[j].scale) > std::fabs(max_scale)) max_scale = fits[j].scale;
   }
   // The largest scale maps to -128, the int8 extreme (one step finer than 127).
@@ -452,7 +491,7 @@ void quantize_block(const float* x, block_q6_k* y) {
     const int ns = candidates(fits[j].scale, d, -128, 127, 2, cs);
     float best = FLT_MAX;
     for (int a = 0; a < ns; ++a) {
-      const float err = symmetric_error(x + 16 * j, 16, d * static_cast<float>(cs[a]), trial);
+      const float err = symmetric_error(SubBlock<1>(x + 16 * j), d * static_cast<float>(cs[a]), trial);
       if (err < best) {
         best = err;
         y->scales[j] = static_cast<int8_t>(cs[a]);
