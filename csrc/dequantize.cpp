@@ -1,5 +1,7 @@
 #include "csrc/dequantize.h"
 
+#include <limits>
+
 #include "csrc/ggml_types.h"
 
 namespace mlx_ggml_ext {
@@ -42,6 +44,9 @@ mx::array dequantize(const mx::array& data, int ggml_type, const mx::Shape& shap
     if (i + 1 < shape.size()) rows *= shape[i];
   }
   const int64_t row_bytes = ggml_row_bytes(info, shape.back(), kOp);
+  if (rows > std::numeric_limits<int32_t>::max()) {
+    throw std::invalid_argument(cat("[", kOp, "] shape ", shape_str(shape), " has more than 2^31 - 1 rows."));
+  }
   const bool flat_or_rows = data.ndim() == 1 || (data.ndim() >= 1 && data.shape(-1) == row_bytes);
   if (static_cast<int64_t>(data.size()) != rows * row_bytes || !flat_or_rows) {
     throw std::invalid_argument(cat("[", kOp, "] a ", info.name, " tensor of shape ", shape_str(shape), " needs ",

@@ -1,5 +1,7 @@
 #include "csrc/quantize.h"
 
+#include <limits>
+
 #include "csrc/ggml_types.h"
 #include "kernels/common/ggml_blocks.h"
 
@@ -48,6 +50,9 @@ mx::array quantize(const mx::array& w, int ggml_type, mx::StreamOrDevice s) {
   const int64_t row_bytes = ggml_row_bytes(info, w.shape(-1), kOp);
   int64_t rows = 1;
   for (int i = 0; i + 1 < w.ndim(); ++i) rows *= w.shape(i);
+  if (rows > std::numeric_limits<int32_t>::max()) {
+    throw std::invalid_argument(cat("[", kOp, "] w of shape ", shape_str(w.shape()), " has more than 2^31 - 1 rows."));
+  }
   return mx::reshape(quantize_node(w, ggml_type, s), {static_cast<int>(rows), static_cast<int>(row_bytes)}, s);
 }
 

@@ -4,6 +4,7 @@ TypeError naming the offending argument)."""
 
 from __future__ import annotations
 
+import operator
 from typing import Optional
 
 import mlx.core as mx
@@ -50,11 +51,15 @@ def dequantize(data: mx.array, ggml_type, shape, dtype: mx.Dtype = mx.float32, *
 
     _require_array("data", data)
     t = GGMLType.of(ggml_type)
-    if isinstance(shape, (int, str)) or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
-        raise TypeError(f"shape must be a sequence of ints, got {shape!r}")
+    try:
+        if isinstance(shape, (str, bytes)) or any(isinstance(d, bool) for d in shape):
+            raise TypeError
+        dims = [operator.index(d) for d in shape]
+    except TypeError:
+        raise TypeError(f"shape must be a sequence of ints, got {shape!r}") from None
     if not isinstance(dtype, mx.Dtype):
         raise TypeError(f"dtype must be an mlx.core.Dtype, got {type(dtype).__name__}")
-    return _ext.dequantize(data, int(t), list(shape), dtype, stream=stream)
+    return _ext.dequantize(data, int(t), dims, dtype, stream=stream)
 
 
 def quantize(w: mx.array, ggml_type, *, stream: Stream = None) -> mx.array:

@@ -432,6 +432,11 @@ def test_quantize_shapes():
     q = ops.quantize(mx.array(w), "q8_0")
     assert q.shape == (6, 68)
     assert ops.quantize(mx.array(w[0, 0]), "q8_0").shape == (1, 68)
+    wt = rng.standard_normal((64, 5)).astype(np.float32)  # transposed: made row-contiguous
+    np.testing.assert_array_equal(np.array(ops.quantize(mx.array(wt).T, "q8_0")),
+                                  np.asarray(quants.quantize(np.ascontiguousarray(wt.T), gtype(GGMLType.Q8_0))))
+    np.testing.assert_array_equal(  # numpy integers in the shape
+        np.array(ops.dequantize(q, "q8_0", np.array(w.shape))), np.array(ops.dequantize(q, "q8_0", w.shape)))
     t = GGMLTensor(q, "q8_0", w.shape)
     np.testing.assert_array_equal(np.array(t.dequantize()), quants.dequantize(np.array(q), gtype(GGMLType.Q8_0))
                                   .reshape(w.shape))

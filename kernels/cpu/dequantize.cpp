@@ -101,7 +101,7 @@ inline __attribute__((always_inline)) vi8x16 codes16(const uint8_t* block, const
     part |= ((load16(block + l.hi) >> l.hi_shift) & static_cast<uint8_t>(l.hi_mask)) << l.hi_pos;
   }
   if (l.codebook != GGML_EXT_CODEBOOK_NONE) return __builtin_shuffle(table, part);
-  return reinterpret_cast<vi8x16&>(part) - static_cast<int8_t>(l.zero);
+  return (vi8x16)part - static_cast<int8_t>(l.zero);
 }
 
 // ggml_ext_apply_scale16 for all 16 codes: the same two roundings (no contraction in this file).
