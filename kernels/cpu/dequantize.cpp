@@ -109,11 +109,14 @@ inline __attribute__((always_inline)) vf32x16 values16(vi8x16 codes, const ggml_
   // Widening in two steps: GCC 12 scalarizes a direct int8 -> int32 conversion.
   const vi32x16 wide = __builtin_convertvector(__builtin_convertvector(codes, vi16x16), vi32x16);
   vf32x16 v = __builtin_convertvector(wide, vf32x16) * s.scale;
-  if (s.offset_op != 0) {
-    const vf32x16 shifted = s.offset_op > 0 ? v + s.offset : v - s.offset;
-    // When both are NaN, IEEE/x86 return the first operand's (the product's, as in gguf); the compiler may
-    // swap the operands of an addition, so pick it explicitly.
-    v = v != v ? v : shifted;
+  if (s.offset_op < 0) v = v - s.offset;  // both NaN: the first operand's, the product's, as in gguf
+  if (s.offset_op > 0) {
+    // An addition's operands may be swapped by the compiler, which changes the NaN returned when both are
+    // NaN: keep the product's explicitly. The NaN mask comes from the bits by arithmetic (GCC 12 scalarizes
+    // compares of 16-lane vectors below AVX-512).
+    const vf32x16 sum = v + s.offset;
+    const vi32x16 nan = ~((((vi32x16)v & 0x7fffffff) - 0x7f800001) >> 31);
+    v = (vf32x16)(((vi32x16)v & nan) | ((vi32x16)sum & ~nan));
   }
   return v;
 }
