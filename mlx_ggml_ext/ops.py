@@ -10,6 +10,7 @@ from typing import Optional
 import mlx.core as mx
 
 from . import _ext
+from .types import GGMLType
 
 Stream = Optional[mx.Stream | mx.Device]
 
@@ -47,8 +48,6 @@ def dequantize(data: mx.array, ggml_type, shape, dtype: mx.Dtype = mx.float32, *
     Every type of the SPEC table. float32 output is bit-identical to ``gguf.quants.dequantize``; float16 and
     bfloat16 are rounded once from it. vmap over a batch of tensors works; the bytes have no gradient.
     """
-    from .types import GGMLType
-
     _require_array("data", data)
     t = GGMLType.of(ggml_type)
     try:
@@ -72,8 +71,6 @@ def quantize(w: mx.array, ggml_type, *, stream: Stream = None) -> mx.array:
     search (reconstruction error below ggml's reference quantizer's; README). Other types raise
     NotImplementedError. A block containing NaN or +-inf decodes to NaN in every element (MXFP4: +inf).
     """
-    from .types import GGMLType
-
     _require_array("w", w)
     return _ext.quantize(w, int(GGMLType.of(ggml_type)), stream=stream)
 
