@@ -9,6 +9,11 @@
 
 file(GLOB CPU_KERNEL_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/kernels/cpu/*.cpp)
 file(GLOB CPU_RUNTIME_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/kernels/cpu/runtime/*.cpp)
+# Bit-exact with ggml/gguf: (de)quantization must round every product and sum on its own, so no FMA
+# contraction there (this comes after the targets' -ffp-contract=fast and wins).
+set_source_files_properties(${PROJECT_SOURCE_DIR}/kernels/cpu/dequantize.cpp
+                            ${PROJECT_SOURCE_DIR}/kernels/cpu/quantize.cpp
+                            PROPERTIES COMPILE_OPTIONS -ffp-contract=off)
 
 set(_variant_names base)
 set(_variant_flags_base "")

@@ -10,6 +10,8 @@
 #include <mutex>
 
 #include "csrc/mapped_file.h"
+#include "csrc/dequantize.h"
+#include "csrc/quantize.h"
 #include "csrc/rms_norm.h"
 #include "csrc/rope.h"
 #include "kernels/cpu/isa.h"
@@ -84,6 +86,14 @@ NB_MODULE(_ext, m) {
   m.def("rms_norm", &rms_norm, "x"_a, "weight"_a = nb::none(), "eps"_a = 1e-6f, nb::kw_only(),
         "stream"_a = nb::none(),
         "Fused RMSNorm: x / sqrt(mean(x^2, -1) + eps) * weight, float32 math, one rounding.");
+  m.def("dequantize",
+        [](const mx::array& data, int type, const std::vector<int>& shape, mx::Dtype dtype, mx::StreamOrDevice s) {
+          return dequantize(data, type, mx::Shape(shape.begin(), shape.end()), dtype, s);
+        },
+        "data"_a, "ggml_type"_a, "shape"_a, "dtype"_a = mx::float32, nb::kw_only(),
+        "stream"_a = nb::none(), "Raw ggml blocks (uint8) of a tensor of logical `shape` as floats.");
+  m.def("quantize", &quantize, "w"_a, "ggml_type"_a, nb::kw_only(), "stream"_a = nb::none(),
+        "Float tensor (..., K) as ggml blocks, uint8 (rows, bytes_per_row).");
 
   m.def("rope",
         [](const mx::array& x, const std::variant<mx::array, int>& positions, int n_dims,
@@ -123,6 +133,11 @@ NB_MODULE(_ext, m) {
           }
           throw std::invalid_argument("unknown CPU kernel variant '" + name + "'");
         }, "name"_a, "Selects the CPU kernel variant (for tests and benchmarks).");
+  m.def("time_dequantize_kernel", [](int type, int64_t n_blocks, int repeats) {
+          nb::gil_scoped_release release;
+          return time_dequantize_kernel(type, n_blocks, repeats);
+        }, "ggml_type"_a, "n_blocks"_a, "repeats"_a = 5,
+        "Best-of-repeats seconds of the CPU dequantize kernel alone on preallocated buffers (float32 out).");
   m.def("measure_stream", &measure_stream, "kind"_a, "bytes"_a, "repeats"_a = 5,
         "Best-of-repeats seconds of a threaded streaming 'copy', 'copy_nt' (cache-bypassing\n"
         "stores) or 'read' of `bytes`.");

@@ -43,7 +43,18 @@ def check_rope(rng, dtype):
     return _rel_err(got, reference.rope(_f64(x), positions, 128, "neox", ext_factor=0.5, n_ctx_orig=4096)), bound
 
 
-CHECKS = [("rms_norm", check_rms_norm), ("rope", check_rope)]
+def check_dequantize(rng, dtype):
+    """Every ggml type, random blocks with finite scales, against the SPEC's float64 decoder."""
+    worst = 0.0
+    for t in mlx_ggml_ext.GGMLType:
+        k = 8 * max(t.block_size, 32)
+        data = reference.random_blocks(rng, t.name, 4, k)
+        got = ops.dequantize(mx.array(data), t, (4, k), dtype)
+        worst = max(worst, _rel_err(got, reference.dequantize(data, t.name, (4, k))))
+    return worst, {mx.float32: 1e-6, mx.float16: 1e-3, mx.bfloat16: 8e-3}[dtype]
+
+
+CHECKS = [("rms_norm", check_rms_norm), ("rope", check_rope), ("dequantize", check_dequantize)]
 
 # ----------------------------------------------------------------------------- speed
 # Each returns (label, our op, MLX's built-in) on inputs built once.
@@ -63,7 +74,17 @@ def speed_rope():
             (lambda: mx.fast.rope(x_mlx, 128, traditional=False, base=10000.0, scale=1.0, offset=0)))
 
 
-SPEEDS = [speed_rms_norm, speed_rope]
+def speed_dequantize():
+    # MLX's built-in counterpart: mx.dequantize of its own 4-bit affine format (group 32), same shape.
+    w = mx.random.normal((1024, 4096))
+    blocks = ops.quantize(w, "q4_k")
+    mlx_q = mx.quantize(w, group_size=32, bits=4)
+    mx.eval(blocks, mlx_q)
+    return ("dequantize q4_k 1024x4096", (lambda: ops.dequantize(blocks, "q4_k", (1024, 4096))),
+            (lambda: mx.dequantize(*mlx_q, group_size=32, bits=4)))
+
+
+SPEEDS = [speed_rms_norm, speed_rope, speed_dequantize]
 
 
 def _short(x) -> str:

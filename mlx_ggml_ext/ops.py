@@ -4,12 +4,14 @@ TypeError naming the offending argument)."""
 
 from __future__ import annotations
 
+import operator
 from numbers import Integral, Real
 from typing import Optional, Union
 
 import mlx.core as mx
 
 from . import _ext
+from .types import GGMLType
 
 Stream = Optional[mx.Stream | mx.Device]
 
@@ -87,4 +89,41 @@ def rope(x: mx.array, positions: Union[mx.array, int], n_dims: int, mode: Union[
                      int(n_ctx_orig), freq_factors, stream=stream)
 
 
-__all__ = ["rms_norm", "rope"]
+def dequantize(data: mx.array, ggml_type, shape, dtype: mx.Dtype = mx.float32, *,
+               stream: Stream = None) -> mx.array:
+    """Raw ggml blocks as floats of the logical ``shape``.
+
+    ``data``: uint8, ``rows x bytes_per_row`` bytes, shaped ``(rows, bytes_per_row)`` (or flat, or with any
+    leading axes and a last axis of ``bytes_per_row``); ``ggml_type``: a :class:`GGMLType`, name ("q4_k") or
+    id; ``shape``: the tensor's shape in MLX order (last axis = ggml's ne0, a multiple of the block size).
+    Every type of the SPEC table. float32 output is bit-identical to ``gguf.quants.dequantize``; float16 and
+    bfloat16 are rounded once from it. vmap over a batch of tensors works; the bytes have no gradient.
+    """
+    _require_array("data", data)
+    t = GGMLType.of(ggml_type)
+    try:
+        if isinstance(shape, (str, bytes)) or any(isinstance(d, bool) for d in shape):
+            raise TypeError
+        dims = [operator.index(d) for d in shape]
+    except TypeError:
+        raise TypeError(f"shape must be a sequence of ints, got {shape!r}") from None
+    if not isinstance(dtype, mx.Dtype):
+        raise TypeError(f"dtype must be an mlx.core.Dtype, got {type(dtype).__name__}")
+    return _ext.dequantize(data, int(t), dims, dtype, stream=stream)
+
+
+def quantize(w: mx.array, ggml_type, *, stream: Stream = None) -> mx.array:
+    """A float tensor ``(..., K)`` as ggml blocks: uint8 ``(rows, bytes_per_row)``, rows = the product of
+    the leading axes (1 for a vector); wrap it as ``GGMLTensor(blocks, ggml_type, w.shape)``.
+
+    F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and MXFP4 are byte-identical to ``gguf.quants.quantize``
+    for finite input (two documented exceptions for blocks whose largest magnitude is below 2**-125, where
+    gguf's result is platform-dependent: see the README). Q4_K, Q5_K and Q6_K use a least-squares scale
+    search (reconstruction error below ggml's reference quantizer's; README). Other types raise
+    NotImplementedError. A block containing NaN or +-inf decodes to NaN in every element (MXFP4: +inf).
+    """
+    _require_array("w", w)
+    return _ext.quantize(w, int(GGMLType.of(ggml_type)), stream=stream)
+
+
+__all__ = ["rms_norm", "rope", "dequantize", "quantize"]

@@ -66,3 +66,205 @@ def rope(x: np.ndarray, positions, n_dims: int, mode: str = "normal", freq_base:
     else:
         raise ValueError(f"unknown mode {mode!r}")
     return y
+# ----------------------------------------------------------------------------- ggml blocks
+# Written from the SPEC's format table, independently of kernels/common/ggml_blocks.h.
+
+KVALUES_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.float64)
+KVALUES_MXFP4 = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.float64)
+
+# (elements, bytes) per block, by ggml type name
+BLOCKS = {
+    "F32": (1, 4), "F16": (1, 2), "BF16": (1, 2), "Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22),
+    "Q5_1": (32, 24), "Q8_0": (32, 34), "Q2_K": (256, 84), "Q3_K": (256, 110), "Q4_K": (256, 144),
+    "Q5_K": (256, 176), "Q6_K": (256, 210), "IQ4_NL": (32, 18), "IQ4_XS": (256, 136), "MXFP4": (32, 17),
+}
+
+# Byte offsets of the float16 scale fields in each block (d, then m or dmin)
+SCALE_FIELDS = {
+    "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0], "Q2_K": [80, 82], "Q3_K": [108],
+    "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "IQ4_NL": [0], "IQ4_XS": [0],
+}
+
+
+def random_blocks(rng: np.random.Generator, ggml_type: str, rows: int, k: int, scales=(-0.05, 0.05)) -> np.ndarray:
+    """uint8 (rows, bytes_per_row) of random blocks whose scales are finite: float16 scale fields drawn
+    uniformly from `scales`, MXFP4 exponents near 2^0."""
+    name = str(ggml_type).upper().split(".")[-1]
+    block, size = BLOCKS[name]
+    data = rng.integers(0, 256, (rows * k // block, size), dtype=np.uint8)
+    for off in SCALE_FIELDS.get(name, []):
+        data[:, off:off + 2] = rng.uniform(*scales, (data.shape[0], 1)).astype(np.float16).view(np.uint8)
+    if name == "MXFP4":
+        data[:, 0] = rng.integers(120, 136, data.shape[0])
+    if name in ("F32", "F16", "BF16"):
+        x = rng.standard_normal(rows * k).astype(np.float32)
+        data = (x.view(np.uint32) >> 16).astype(np.uint16) if name == "BF16" else x.astype(
+            np.float16 if name == "F16" else np.float32)
+    return np.ascontiguousarray(data).view(np.uint8).reshape(rows, -1)
+
+
+def _half(b: np.ndarray, offset: int) -> np.ndarray:
+    """The float16 at byte `offset` of each block, as a column of float64."""
+    return np.ascontiguousarray(b[:, offset:offset + 2]).view(np.float16).astype(np.float64)
+
+
+def _nibbles(qs: np.ndarray) -> np.ndarray:
+    """(n, 16) bytes -> (n, 32) codes: byte j gives element j (low nibble) and j + 16 (high nibble)."""
+    return np.concatenate([qs & 0xF, qs >> 4], axis=1).astype(np.int64)
+
+
+def _bits32(qh: np.ndarray) -> np.ndarray:
+    """(n, 4) bytes as a little-endian u32 -> (n, 32) bits, bit j for element j."""
+    word = np.ascontiguousarray(qh).view("<u4").astype(np.int64)
+    return (word >> np.arange(32)) & 1
+
+
+def _k4_scales(q: np.ndarray):
+    """Q4_K/Q5_K: the 8 six-bit scales and mins from the 12 packed bytes."""
+    q = q.astype(np.int64)
+    sc = np.concatenate([q[:, 0:4] & 63, (q[:, 8:12] & 0xF) | ((q[:, 0:4] >> 6) << 4)], axis=1)
+    mn = np.concatenate([q[:, 4:8] & 63, (q[:, 8:12] >> 4) | ((q[:, 4:8] >> 6) << 4)], axis=1)
+    return sc, mn
+
+
+def _by_quarters(q: np.ndarray, shifts, mask) -> np.ndarray:
+    """Q2_K/Q3_K low bits: per 128-element half h, element 32*s + l = (q[32*h + l] >> shifts[s]) & mask."""
+    n = q.shape[0]
+    halves = q.reshape(n, 2, 1, 32).astype(np.int64) >> np.array(shifts).reshape(1, 1, 4, 1)
+    return (halves & mask).reshape(n, 256)
+
+
+def _decode_blocks(b: np.ndarray, name: str) -> np.ndarray:
+    n = b.shape[0]
+    if name in ("Q4_0", "Q4_1", "IQ4_NL"):
+        off = 4 if name == "Q4_1" else 2
+        q = _nibbles(b[:, off:off + 16])
+        if name == "Q4_0":
+            return _half(b, 0) * (q - 8)
+        if name == "Q4_1":
+            return _half(b, 0) * q + _half(b, 2)
+        return _half(b, 0) * KVALUES_IQ4NL[q]
+    if name in ("Q5_0", "Q5_1"):
+        off = 4 if name == "Q5_1" else 2
+        q = _nibbles(b[:, off + 4:off + 20]) | (_bits32(b[:, off:off + 4]) << 4)
+        return _half(b, 0) * (q - 16) if name == "Q5_0" else _half(b, 0) * q + _half(b, 2)
+    if name == "Q8_0":
+        return _half(b, 0) * b[:, 2:34].view(np.int8).astype(np.float64)
+    if name == "MXFP4":
+        e = b[:, 0:1].astype(np.float64)
+        return KVALUES_MXFP4[_nibbles(b[:, 1:17])] * np.exp2(e - 128)
+    if name == "Q2_K":
+        sc = b[:, 0:16].astype(np.int64)
+        q = _by_quarters(b[:, 16:80], [0, 2, 4, 6], 3).reshape(n, 16, 16)
+        d, dmin = _half(b, 80)[:, :, None], _half(b, 82)[:, :, None]
+        return (d * (sc & 0xF)[:, :, None] * q - dmin * (sc >> 4)[:, :, None]).reshape(n, 256)
+    if name == "Q3_K":
+        s = b[:, 96:108].astype(np.int64)
+        low = np.concatenate([s[:, 0:8] & 0xF, s[:, 0:8] >> 4], axis=1)
+        high = (s[:, 8:12][:, None, :] >> (2 * np.arange(4))[None, :, None]).reshape(n, 16) & 3
+        scales = (low | (high << 4)) - 32
+        hbits = (b[:, 0:32].astype(np.int64)[:, None, :] >> np.arange(8)[None, :, None]).reshape(n, 256) & 1
+        q = _by_quarters(b[:, 32:96], [0, 2, 4, 6], 3) - 4 * (1 - hbits)
+        return (_half(b, 108)[:, :, None] * scales[:, :, None] * q.reshape(n, 16, 16)).reshape(n, 256)
+    if name in ("Q4_K", "Q5_K"):
+        sc, mn = _k4_scales(b[:, 4:16])
+        qs = b[:, 48:176] if name == "Q5_K" else b[:, 16:144]
+        chunks = qs.reshape(n, 4, 32).astype(np.int64)  # chunk c: low nibble = sub-block 2c, high = 2c + 1
+        q = np.stack([chunks & 0xF, chunks >> 4], axis=2).reshape(n, 8, 32)
+        if name == "Q5_K":
+            q = q | (((b[:, 16:48].astype(np.int64)[:, None, :] >> np.arange(8)[None, :, None]) & 1) << 4)
+        d, dmin = _half(b, 0)[:, :, None], _half(b, 2)[:, :, None]
+        return (d * sc[:, :, None] * q - dmin * mn[:, :, None]).reshape(n, 256)
+    if name == "Q6_K":
+        ql, qh = b[:, 0:128].astype(np.int64), b[:, 128:192].astype(np.int64)
+        out = np.empty((n, 256), np.int64)
+        for h in range(2):
+            for s in range(4):
+                low = (ql[:, 64 * h + 32 * (s & 1):64 * h + 32 * (s & 1) + 32] >> (4 * (s >> 1))) & 0xF
+                high = (qh[:, 32 * h:32 * h + 32] >> (2 * s)) & 3
+                out[:, 128 * h + 32 * s:128 * h + 32 * s + 32] = (low | (high << 4)) - 32
+        scales = b[:, 192:208].view(np.int8).astype(np.float64)
+        return (_half(b, 208)[:, :, None] * scales[:, :, None] * out.reshape(n, 16, 16)).reshape(n, 256)
+    if name == "IQ4_XS":
+        sh = np.ascontiguousarray(b[:, 2:4]).view("<u2").astype(np.int64)
+        sl = b[:, 4:8].astype(np.int64)
+        low = np.stack([sl & 0xF, sl >> 4], axis=2).reshape(n, 8)
+        scales = (low | (((sh >> (2 * np.arange(8))) & 3) << 4)) - 32
+        qs = b[:, 8:136].reshape(n, 8, 16).astype(np.int64)
+        q = np.concatenate([qs & 0xF, qs >> 4], axis=2)  # sub-block ib: elements j and j + 16 share byte j
+        return (_half(b, 0)[:, :, None] * scales[:, :, None] * KVALUES_IQ4NL[q]).reshape(n, 256)
+    raise ValueError(f"no reference decoder for {name}")
+
+
+def dequantize(data: np.ndarray, ggml_type: str, shape) -> np.ndarray:
+    """float64 values of a ggml tensor: `data` uint8 of rows x bytes_per_row, `shape` its logical shape."""
+    name = str(ggml_type).upper().split(".")[-1]
+    raw = np.ascontiguousarray(np.asarray(data, dtype=np.uint8)).reshape(-1)
+    if name in ("F32", "F16", "BF16"):
+        if name == "BF16":
+            return (raw.view("<u2").astype(np.uint32) << 16).view(np.float32).astype(np.float64).reshape(shape)
+        return raw.view("<f4" if name == "F32" else "<f2").astype(np.float64).reshape(shape)
+    block, size = BLOCKS[name]
+    with np.errstate(invalid="ignore", over="ignore"):
+        return _decode_blocks(raw.reshape(-1, size), name).reshape(shape)
+
+
+def _f16_round(v: np.ndarray) -> np.ndarray:
+    return np.asarray(v, np.float64).astype(np.float16).astype(np.float64)
+
+
+def quantize_k_minmax(x: np.ndarray, ggml_type: str) -> np.ndarray:
+    """A simple K-quant quantizer (Q4_K, Q5_K, Q6_K) from the SPEC layout: per sub-block, min/max (Q6_K:
+    max |x|) scales, 6-/8-bit scale quantization against the float16 super-block scales, nearest levels.
+    The baseline the package's quantizer must beat; rows of x must be multiples of 256."""
+    name = str(ggml_type).upper().split(".")[-1]
+    x = np.asarray(x, np.float64)
+    rows = x.reshape(-1, 256)
+    n = rows.shape[0]
+    if name in ("Q4_K", "Q5_K"):
+        nmax = 15 if name == "Q4_K" else 31
+        sub = rows.reshape(n, 8, 32)
+        lo = np.minimum(sub.min(axis=2), 0.0)
+        scale, mn = (sub.max(axis=2) - lo) / nmax, -lo
+        d, dmin = _f16_round(scale.max(axis=1) / 63), _f16_round(mn.max(axis=1) / 63)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            sc = np.clip(np.nan_to_num(np.round(scale / d[:, None])), 0, 63).astype(np.int64)
+            mc = np.clip(np.nan_to_num(np.round(mn / dmin[:, None])), 0, 63).astype(np.int64)
+            dl, ml = (d[:, None] * sc)[:, :, None], (dmin[:, None] * mc)[:, :, None]
+            q = np.where(dl > 0, np.clip(np.nan_to_num(np.round((sub + ml) / dl)), 0, nmax), 0).astype(np.int64)
+        out = np.zeros((n, 144 if name == "Q4_K" else 176), np.uint8)
+        out[:, 0:2] = d.astype(np.float16).reshape(n, 1).view(np.uint8)
+        out[:, 2:4] = dmin.astype(np.float16).reshape(n, 1).view(np.uint8)
+        s = np.zeros((n, 12), np.int64)
+        s[:, 0:4] = sc[:, 0:4] | ((sc[:, 4:8] >> 4) << 6)
+        s[:, 4:8] = mc[:, 0:4] | ((mc[:, 4:8] >> 4) << 6)
+        s[:, 8:12] = (sc[:, 4:8] & 0xF) | ((mc[:, 4:8] & 0xF) << 4)
+        out[:, 4:16] = s
+        q = q.reshape(n, 4, 2, 32)  # chunk c of 64: sub-blocks 2c (low nibble) and 2c + 1 (high nibble)
+        qs_off = 16
+        if name == "Q5_K":
+            qh = np.zeros((n, 32), np.int64)
+            for c in range(4):
+                qh |= ((q[:, c, 0] >> 4) << (2 * c)) | ((q[:, c, 1] >> 4) << (2 * c + 1))
+            out[:, 16:48] = qh
+            qs_off = 48
+        out[:, qs_off:qs_off + 128] = ((q[:, :, 0] & 0xF) | ((q[:, :, 1] & 0xF) << 4)).reshape(n, 128)
+        return out.reshape(*x.shape[:-1], -1) if x.ndim > 1 else out.reshape(1, -1)
+    if name == "Q6_K":
+        sub = rows.reshape(n, 16, 16)
+        scale = np.abs(sub).max(axis=2) / 31
+        d = _f16_round(scale.max(axis=1) / 127)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            sc = np.clip(np.nan_to_num(np.round(scale / d[:, None])), -128, 127).astype(np.int64)
+            dl = (d[:, None] * sc)[:, :, None]
+            q = np.where(dl != 0, np.clip(np.nan_to_num(np.round(sub / dl)), -32, 31), 0).astype(np.int64) + 32
+        q = q.reshape(n, 2, 4, 32)  # half h, quarter s, lane l
+        out = np.zeros((n, 210), np.uint8)
+        for h in range(2):
+            out[:, 64 * h:64 * h + 32] = (q[:, h, 0] & 0xF) | ((q[:, h, 2] & 0xF) << 4)
+            out[:, 64 * h + 32:64 * h + 64] = (q[:, h, 1] & 0xF) | ((q[:, h, 3] & 0xF) << 4)
+            out[:, 128 + 32 * h:128 + 32 * h + 32] = sum((q[:, h, s] >> 4) << (2 * s) for s in range(4))
+        out[:, 192:208] = sc.astype(np.int8).view(np.uint8)
+        out[:, 208:210] = d.astype(np.float16).reshape(n, 1).view(np.uint8)
+        return out.reshape(*x.shape[:-1], -1) if x.ndim > 1 else out.reshape(1, -1)
+    raise ValueError(f"quantize_k_minmax handles Q4_K, Q5_K and Q6_K, not {name}")

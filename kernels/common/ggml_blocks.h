@@ -2,10 +2,12 @@
 //
 // This header is included by the CPU kernels (C++), the CUDA kernels (nvcc) and the Metal kernels (MSL,
 // and the project's Metal emulator). It holds: the type ids, the block structs (little-endian, fields in
-// ggml's order, sizes checked), the small decoding helpers (scales, nibble lookups) and one reference
-// decoder per type, `ggml_ext_dequant16_<type>(block, chunk, out)`, writing the 16 consecutive elements
-// [16*chunk, 16*chunk + 16) of a block as float. Fast kernels may decode differently, but must produce
-// the values these decoders define.
+// ggml's order, sizes checked), the small decoding helpers (scales, nibble lookups), each format's chunk
+// layout as data (`ggml_ext_layout16_<type>(chunk)`: which bytes, shifts and masks hold 16 consecutive
+// elements; `ggml_ext_scale16_<type>(block, chunk)`: their scale and offset) and, built on those, one
+// reference decoder per type, `ggml_ext_dequant16_<type>(block, chunk, out)`, writing the elements
+// [16*chunk, 16*chunk + 16) of a block as float. Fast kernels interpret the same layouts with vectors, so
+// a format's layout lives here only.
 //
 // Values are computed in the same order as ggml's C code and the `gguf` package (e.g. Q2_K..Q5_K: (d*sc)*q
 // - (dmin*m)), so a float32 result is bit-identical to theirs provided the compiler does not contract
@@ -20,15 +22,19 @@
 #define GGML_EXT_FN inline
 #define GGML_EXT_HALF_TO_FLOAT(h) float(as_type<half>(ushort(h)))
 #elif defined(__CUDACC__)
+#include <stddef.h>
 #include <stdint.h>
 #include <cuda_fp16.h>
 #include "fp16.h"
 #define GGML_EXT_FN __host__ __device__ inline
 #else
+#include <stddef.h>
 #include <stdint.h>
 #include "fp16.h"
 #define GGML_EXT_FN inline
+#ifndef GGML_EXT_HALF_TO_FLOAT  // a CPU kernel may use the hardware conversion (same value; NaNs come out quiet)
 #define GGML_EXT_HALF_TO_FLOAT(h) ggml_ext_fp16_to_fp32(h)
+#endif
 #endif
 
 #if defined(__CUDACC__)
@@ -153,6 +159,43 @@ static_assert(sizeof(block_iq4_nl) == 18, "block_iq4_nl size");
 static_assert(sizeof(block_iq4_xs) == 136, "block_iq4_xs size");
 static_assert(sizeof(block_mxfp4) == 17, "block_mxfp4 size");
 
+// Elements and bytes per block of a type id (a float type is a block of one element); 0 for an id
+// outside the table above.
+GGML_EXT_FN int ggml_ext_block_size(int type) {
+  switch (type) {
+    case GGML_EXT_TYPE_F32: case GGML_EXT_TYPE_F16: case GGML_EXT_TYPE_BF16:
+      return 1;
+    case GGML_EXT_TYPE_Q4_0: case GGML_EXT_TYPE_Q4_1: case GGML_EXT_TYPE_Q5_0: case GGML_EXT_TYPE_Q5_1:
+    case GGML_EXT_TYPE_Q8_0: case GGML_EXT_TYPE_IQ4_NL: case GGML_EXT_TYPE_MXFP4:
+      return GGML_EXT_QK32;
+    case GGML_EXT_TYPE_Q2_K: case GGML_EXT_TYPE_Q3_K: case GGML_EXT_TYPE_Q4_K: case GGML_EXT_TYPE_Q5_K:
+    case GGML_EXT_TYPE_Q6_K: case GGML_EXT_TYPE_IQ4_XS:
+      return GGML_EXT_QK_K;
+    default:
+      return 0;
+  }
+}
+GGML_EXT_FN int ggml_ext_type_size(int type) {
+  switch (type) {
+    case GGML_EXT_TYPE_F32: return 4;
+    case GGML_EXT_TYPE_F16: case GGML_EXT_TYPE_BF16: return 2;
+    case GGML_EXT_TYPE_Q4_0: return sizeof(block_q4_0);
+    case GGML_EXT_TYPE_Q4_1: return sizeof(block_q4_1);
+    case GGML_EXT_TYPE_Q5_0: return sizeof(block_q5_0);
+    case GGML_EXT_TYPE_Q5_1: return sizeof(block_q5_1);
+    case GGML_EXT_TYPE_Q8_0: return sizeof(block_q8_0);
+    case GGML_EXT_TYPE_Q2_K: return sizeof(block_q2_k);
+    case GGML_EXT_TYPE_Q3_K: return sizeof(block_q3_k);
+    case GGML_EXT_TYPE_Q4_K: return sizeof(block_q4_k);
+    case GGML_EXT_TYPE_Q5_K: return sizeof(block_q5_k);
+    case GGML_EXT_TYPE_Q6_K: return sizeof(block_q6_k);
+    case GGML_EXT_TYPE_IQ4_NL: return sizeof(block_iq4_nl);
+    case GGML_EXT_TYPE_IQ4_XS: return sizeof(block_iq4_xs);
+    case GGML_EXT_TYPE_MXFP4: return sizeof(block_mxfp4);
+    default: return 0;
+  }
+}
+
 // ---------------------------------------------------------------------------------------------------
 // Shared decoding helpers.
 // ---------------------------------------------------------------------------------------------------
@@ -217,125 +260,250 @@ GGML_EXT_FN uint32_t ggml_ext_q5_high_bits(B b) {
 }
 
 // ---------------------------------------------------------------------------------------------------
-// Reference decoders: elements [16*chunk, 16*chunk + 16) of one block.
-// chunk is 0..1 for 32-element blocks and 0..15 for 256-element blocks.
+// Chunk layouts. Where and how the 16 elements [16*chunk, 16*chunk + 16) of a block are stored, as data,
+// so that the reference decoders below and the fast kernels (SIMD, GPU) read every format the same way.
+// Element j (0..15) of the chunk:
+//   part  = (byte[lo + j] >> lo_shift) & lo_mask                       (as int8 when lo_signed: Q8_0)
+//         | ((byte[hi + j] >> hi_shift) & hi_mask) << hi_pos            (when hi_mask != 0)
+//         | ((u32 at byte hi >> (hi_shift + j)) & 1) << hi_pos          (instead, when hi_word: Q5_0, Q5_1;
+//                                                                     hi_shift is 0 or 16 there)
+//   code  = codebook ? table[part] : part - zero
+//   value = scale * (float)code, then + offset (offset_op > 0) or - offset (offset_op < 0)
+// Byte offsets count from the start of the block (the field offsets are checked below on the host). chunk is
+// 0..1 for 32-element blocks and 0..15 for 256-element blocks. The scale and offset come from
+// ggml_ext_scale16_<type>(block, chunk), computed in ggml's order (e.g. Q4_K: d*sc, dmin*m).
 // ---------------------------------------------------------------------------------------------------
-template <typename B, typename Y>
-GGML_EXT_FN void ggml_ext_dequant16_q4_0(B b, int chunk, Y y) {
-  const float d = GGML_EXT_HALF_TO_FLOAT(b->d);
-  for (int j = 0; j < 16; ++j) y[j] = d * (float)(((b->qs[j] >> (4 * chunk)) & 0xF) - 8);
+#define GGML_EXT_CODEBOOK_NONE 0
+#define GGML_EXT_CODEBOOK_IQ4NL 1
+#define GGML_EXT_CODEBOOK_MXFP4 2
+
+struct ggml_ext_layout16 {
+  int lo, lo_shift, lo_mask, lo_signed;
+  int hi, hi_shift, hi_mask, hi_pos, hi_word;
+  int zero, codebook;
+};
+
+struct ggml_ext_scale16 {
+  float scale;
+  float offset;
+  int offset_op;  // +1: add the offset, -1: subtract it, 0: none
+};
+
+GGML_EXT_FN ggml_ext_layout16 ggml_ext_make_layout16(int lo, int lo_shift, int lo_mask, int zero) {
+  ggml_ext_layout16 l;
+  l.lo = lo;
+  l.lo_shift = lo_shift;
+  l.lo_mask = lo_mask;
+  l.lo_signed = 0;
+  l.hi = 0;
+  l.hi_shift = 0;
+  l.hi_mask = 0;
+  l.hi_pos = 0;
+  l.hi_word = 0;
+  l.zero = zero;
+  l.codebook = GGML_EXT_CODEBOOK_NONE;
+  return l;
+}
+GGML_EXT_FN ggml_ext_layout16 ggml_ext_with_high16(ggml_ext_layout16 l, int hi, int hi_shift, int hi_mask, int hi_pos) {
+  l.hi = hi;
+  l.hi_shift = hi_shift;
+  l.hi_mask = hi_mask;
+  l.hi_pos = hi_pos;
+  return l;
+}
+GGML_EXT_FN ggml_ext_scale16 ggml_ext_make_scale16(float scale, float offset, int offset_op) {
+  ggml_ext_scale16 s;
+  s.scale = scale;
+  s.offset = offset;
+  s.offset_op = offset_op;
+  return s;
 }
 
-template <typename B, typename Y>
-GGML_EXT_FN void ggml_ext_dequant16_q4_1(B b, int chunk, Y y) {
-  const float d = GGML_EXT_HALF_TO_FLOAT(b->d);
-  const float m = GGML_EXT_HALF_TO_FLOAT(b->m);
-  for (int j = 0; j < 16; ++j) y[j] = d * (float)((b->qs[j] >> (4 * chunk)) & 0xF) + m;
+// Q4_0, Q4_1, IQ4_NL, MXFP4: byte j of qs holds element j (low nibble) and j + 16 (high nibble).
+GGML_EXT_FN ggml_ext_layout16 ggml_ext_layout16_q4_0(int chunk) { return ggml_ext_make_layout16(2, 4 * chunk, 0xF, 8); }
+GGML_EXT_FN ggml_ext_layout16 ggml_ext_layout16_q4_1(int chunk) { return ggml_ext_make_layout16(4, 4 * chunk, 0xF, 0); }
+// Q5_0/Q5_1: plus bit (16*chunk + j) of the little-endian u32 qh.
+GGML_EXT_FN ggml_ext_layout16 ggml_ext_layout16_q5_0(int chunk) {
+  ggml_ext_layout16 l = ggml_ext_with_high16(ggml_ext_make_layout16(6, 4 * chunk, 0xF, 16), 2, 16 * chunk, 1, 4);
+  l.hi_word = 1;
+  return l;
 }
-
-template <typename B, typename Y>
-GGML_EXT_FN void ggml_ext_dequant16_q5_0(B b, int chunk, Y y) {
-  const float d = GGML_EXT_HALF_TO_FLOAT(b->d);
-  const uint32_t qh = ggml_ext_q5_high_bits(b);
-  for (int j = 0; j < 16; ++j) {
-    const int e = 16 * chunk + j;
-    const int q = ((b->qs[j] >> (4 * chunk)) & 0xF) | (int)(((qh >> e) & 1u) << 4);
-    y[j] = d * (float)(q - 16);
-  }
+GGML_EXT_FN ggml_ext_layout16 ggml_ext_layout16_q5_1(int chunk) {
+  ggml_ext_layout16 l = ggml_ext_with_high16(ggml_ext_make_layout16(8, 4 * chunk, 0xF, 0), 4, 16 * chunk, 1, 4);
+  l.hi_word = 1;
+  return l;
 }
-
-template <typename B, typename Y>
-GGML_EXT_FN void ggml_ext_dequant16_q5_1(B b, int chunk, Y y) {
-  const float d = GGML_EXT_HALF_TO_FLOAT(b->d);
-  const float m = GGML_EXT_HALF_TO_FLOAT(b->m);
-  const uint32_t qh = ggml_ext_q5_high_bits(b);
-  for (int j = 0; j < 16; ++j) {
-    const int e = 16 * chunk + j;
-    const int q = ((b->qs[j] >> (4 * chunk)) & 0xF) | (int)(((qh >> e) & 1u) << 4);
-    y[j] = d * (float)q + m;
-  }
+GGML_EXT_FN ggml_ext_layout16 ggml_ext_layout16_q8_0(int chunk) {
+  ggml_ext_layout16 l = ggml_ext_make_layout16(2 + 16 * chunk, 0, 0xFF, 0);
+  l.lo_signed = 1;
+  return l;
 }
-
-template <typename B, typename Y>
-GGML_EXT_FN void ggml_ext_dequant16_q8_0(B b, int chunk, Y y) {
-  const float d = GGML_EXT_HALF_TO_FLOAT(b->d);
-  for (int j = 0; j < 16; ++j) y[j] = (float)b->qs[16 * chunk + j] * d;
-}
-
-// Q2_K: element 128*h + 32*s + l = (qs[32*h + l] >> 2*s) & 3; sub-block of 16 = element / 16.
-template <typename B, typename Y>
-GGML_EXT_FN void ggml_ext_dequant16_q2_k(B b, int chunk, Y y) {
-  const float d = GGML_EXT_HALF_TO_FLOAT(b->d);
-  const float dmin = GGML_EXT_HALF_TO_FLOAT(b->dmin);
-  const float dl = d * (float)(b->scales[chunk] & 0xF);
-  const float ml = dmin * (float)(b->scales[chunk] >> 4);
+// Q2_K: per 128-element half h, element 32*s + l = (qs[32*h + l] >> 2*s) & 3.
+GGML_EXT_FN ggml_ext_layout16 ggml_ext_layout16_q2_k(int chunk) {
   const int h = chunk >> 3, s = (chunk >> 1) & 3, l0 = 16 * (chunk & 1);
-  for (int j = 0; j < 16; ++j) y[j] = dl * (float)((b->qs[32 * h + l0 + j] >> (2 * s)) & 3) - ml;
+  return ggml_ext_make_layout16(16 + 32 * h + l0, 2 * s, 3, 0);
 }
-
-// Q3_K: low 2 bits as Q2_K; minus 4 where the hmask bit is clear.
-template <typename B, typename Y>
-GGML_EXT_FN void ggml_ext_dequant16_q3_k(B b, int chunk, Y y) {
-  const float dl = GGML_EXT_HALF_TO_FLOAT(b->d) * (float)ggml_ext_q3k_scale(b->scales, chunk);
+// Q3_K: low 2 bits as Q2_K; the code is (low | hbit << 2) - 4, hbit = bit (element / 32) of hmask[element % 32].
+GGML_EXT_FN ggml_ext_layout16 ggml_ext_layout16_q3_k(int chunk) {
   const int h = chunk >> 3, s = (chunk >> 1) & 3, l0 = 16 * (chunk & 1);
-  const int hbit = chunk >> 1;  // element 32*hbit + l, l in [0, 32)
-  for (int j = 0; j < 16; ++j) {
-    const int low = (b->qs[32 * h + l0 + j] >> (2 * s)) & 3;
-    const int high = (b->hmask[l0 + j] >> hbit) & 1;
-    y[j] = dl * (float)(low - (high ? 0 : 4));
-  }
+  return ggml_ext_with_high16(ggml_ext_make_layout16(32 + 32 * h + l0, 2 * s, 3, 4), l0, chunk >> 1, 1, 2);
 }
-
-// Q4_K: sub-block sb (32 elements) = chunk / 2; chunk c = sb / 2 of 64; low nibble for even sb.
-template <typename B, typename Y>
-GGML_EXT_FN void ggml_ext_dequant16_q4_k(B b, int chunk, Y y) {
-  const int sb = chunk >> 1, c = sb >> 1, l0 = 16 * (chunk & 1);
-  const float d = GGML_EXT_HALF_TO_FLOAT(b->d) * (float)ggml_ext_k4_scale(b->scales, sb);
-  const float m = GGML_EXT_HALF_TO_FLOAT(b->dmin) * (float)ggml_ext_k4_min(b->scales, sb);
-  for (int j = 0; j < 16; ++j) y[j] = d * (float)((b->qs[32 * c + l0 + j] >> (4 * (sb & 1))) & 0xF) - m;
+// Q4_K: sub-block sb = chunk / 2 (32 elements) sits in 64-element chunk sb / 2, low nibble for even sb.
+GGML_EXT_FN ggml_ext_layout16 ggml_ext_layout16_q4_k(int chunk) {
+  const int sb = chunk >> 1, l0 = 16 * (chunk & 1);
+  return ggml_ext_make_layout16(16 + 32 * (sb >> 1) + l0, 4 * (sb & 1), 0xF, 0);
 }
-
-template <typename B, typename Y>
-GGML_EXT_FN void ggml_ext_dequant16_q5_k(B b, int chunk, Y y) {
-  const int sb = chunk >> 1, c = sb >> 1, l0 = 16 * (chunk & 1);
-  const float d = GGML_EXT_HALF_TO_FLOAT(b->d) * (float)ggml_ext_k4_scale(b->scales, sb);
-  const float m = GGML_EXT_HALF_TO_FLOAT(b->dmin) * (float)ggml_ext_k4_min(b->scales, sb);
-  for (int j = 0; j < 16; ++j) {
-    const int q = ((b->qs[32 * c + l0 + j] >> (4 * (sb & 1))) & 0xF) | (((b->qh[l0 + j] >> sb) & 1) << 4);
-    y[j] = d * (float)q - m;
-  }
+// Q5_K: as Q4_K plus bit sb of qh[element % 32].
+GGML_EXT_FN ggml_ext_layout16 ggml_ext_layout16_q5_k(int chunk) {
+  const int sb = chunk >> 1, l0 = 16 * (chunk & 1);
+  return ggml_ext_with_high16(ggml_ext_make_layout16(48 + 32 * (sb >> 1) + l0, 4 * (sb & 1), 0xF, 0), 16 + l0, sb, 1, 4);
 }
-
-// Q6_K: per 128-element half h, element 32*s + l (s = 0..3) = low nibble of ql[64*h + l + 32*(s&1)]
-// (high nibble for s >= 2) | two bits (qh[32*h + l] >> 2*s) & 3, minus 32.
-template <typename B, typename Y>
-GGML_EXT_FN void ggml_ext_dequant16_q6_k(B b, int chunk, Y y) {
-  const float d = GGML_EXT_HALF_TO_FLOAT(b->d) * (float)b->scales[chunk];
+// Q6_K: per 128-element half h, element 32*s + l: nibble (s >> 1) of ql[64*h + l + 32*(s & 1)], two high
+// bits (qh[32*h + l] >> 2*s) & 3; minus 32.
+GGML_EXT_FN ggml_ext_layout16 ggml_ext_layout16_q6_k(int chunk) {
   const int h = chunk >> 3, s = (chunk >> 1) & 3, l0 = 16 * (chunk & 1);
-  for (int j = 0; j < 16; ++j) {
-    const int l = l0 + j;
-    const int low = (b->ql[64 * h + l + 32 * (s & 1)] >> (4 * (s >> 1))) & 0xF;
-    const int high = (b->qh[32 * h + l] >> (2 * s)) & 3;
-    y[j] = d * (float)((low | (high << 4)) - 32);
+  return ggml_ext_with_high16(ggml_ext_make_layout16(64 * h + l0 + 32 * (s & 1), 4 * (s >> 1), 0xF, 32),
+                              128 + 32 * h + l0, 2 * s, 3, 4);
+}
+GGML_EXT_FN ggml_ext_layout16 ggml_ext_layout16_iq4_nl(int chunk) {
+  ggml_ext_layout16 l = ggml_ext_make_layout16(2, 4 * chunk, 0xF, 0);
+  l.codebook = GGML_EXT_CODEBOOK_IQ4NL;
+  return l;
+}
+// IQ4_XS: sub-block ib = chunk / 2 of 32: qs[16*ib + j] holds elements 32*ib + j and 32*ib + 16 + j.
+GGML_EXT_FN ggml_ext_layout16 ggml_ext_layout16_iq4_xs(int chunk) {
+  ggml_ext_layout16 l = ggml_ext_make_layout16(8 + 16 * (chunk >> 1), 4 * (chunk & 1), 0xF, 0);
+  l.codebook = GGML_EXT_CODEBOOK_IQ4NL;
+  return l;
+}
+GGML_EXT_FN ggml_ext_layout16 ggml_ext_layout16_mxfp4(int chunk) {
+  ggml_ext_layout16 l = ggml_ext_make_layout16(1, 4 * chunk, 0xF, 0);
+  l.codebook = GGML_EXT_CODEBOOK_MXFP4;
+  return l;
+}
+
+#if !defined(__METAL_VERSION__)
+// The byte offsets above, checked against the structs.
+static_assert(offsetof(block_q4_0, qs) == 2 && offsetof(block_q4_1, qs) == 4, "legacy offsets");
+static_assert(offsetof(block_q5_0, qh) == 2 && offsetof(block_q5_0, qs) == 6, "q5_0 offsets");
+static_assert(offsetof(block_q5_1, qh) == 4 && offsetof(block_q5_1, qs) == 8, "q5_1 offsets");
+static_assert(offsetof(block_q8_0, qs) == 2 && offsetof(block_q2_k, qs) == 16, "q8_0/q2_k offsets");
+static_assert(offsetof(block_q3_k, hmask) == 0 && offsetof(block_q3_k, qs) == 32, "q3_k offsets");
+static_assert(offsetof(block_q4_k, qs) == 16 && offsetof(block_q5_k, qh) == 16 && offsetof(block_q5_k, qs) == 48,
+              "q4_k/q5_k offsets");
+static_assert(offsetof(block_q6_k, ql) == 0 && offsetof(block_q6_k, qh) == 128, "q6_k offsets");
+static_assert(offsetof(block_iq4_nl, qs) == 2 && offsetof(block_iq4_xs, qs) == 8 && offsetof(block_mxfp4, qs) == 1,
+              "iq4/mxfp4 offsets");
+#endif
+
+// Scales and offsets per chunk, in ggml's operation order.
+template <typename B>
+GGML_EXT_FN ggml_ext_scale16 ggml_ext_scale16_q4_0(B b, int) {
+  return ggml_ext_make_scale16(GGML_EXT_HALF_TO_FLOAT(b->d), 0.0f, 0);
+}
+template <typename B>
+GGML_EXT_FN ggml_ext_scale16 ggml_ext_scale16_q4_1(B b, int) {
+  return ggml_ext_make_scale16(GGML_EXT_HALF_TO_FLOAT(b->d), GGML_EXT_HALF_TO_FLOAT(b->m), 1);
+}
+template <typename B>
+GGML_EXT_FN ggml_ext_scale16 ggml_ext_scale16_q5_0(B b, int chunk) { return ggml_ext_scale16_q4_0(b, chunk); }
+template <typename B>
+GGML_EXT_FN ggml_ext_scale16 ggml_ext_scale16_q5_1(B b, int chunk) { return ggml_ext_scale16_q4_1(b, chunk); }
+template <typename B>
+GGML_EXT_FN ggml_ext_scale16 ggml_ext_scale16_q8_0(B b, int chunk) { return ggml_ext_scale16_q4_0(b, chunk); }
+template <typename B>
+GGML_EXT_FN ggml_ext_scale16 ggml_ext_scale16_q2_k(B b, int chunk) {
+  return ggml_ext_make_scale16(GGML_EXT_HALF_TO_FLOAT(b->d) * (float)(b->scales[chunk] & 0xF),
+                               GGML_EXT_HALF_TO_FLOAT(b->dmin) * (float)(b->scales[chunk] >> 4), -1);
+}
+template <typename B>
+GGML_EXT_FN ggml_ext_scale16 ggml_ext_scale16_q3_k(B b, int chunk) {
+  return ggml_ext_make_scale16(GGML_EXT_HALF_TO_FLOAT(b->d) * (float)ggml_ext_q3k_scale(b->scales, chunk), 0.0f, 0);
+}
+template <typename B>
+GGML_EXT_FN ggml_ext_scale16 ggml_ext_scale16_q4_k(B b, int chunk) {
+  return ggml_ext_make_scale16(GGML_EXT_HALF_TO_FLOAT(b->d) * (float)ggml_ext_k4_scale(b->scales, chunk >> 1),
+                               GGML_EXT_HALF_TO_FLOAT(b->dmin) * (float)ggml_ext_k4_min(b->scales, chunk >> 1), -1);
+}
+template <typename B>
+GGML_EXT_FN ggml_ext_scale16 ggml_ext_scale16_q5_k(B b, int chunk) { return ggml_ext_scale16_q4_k(b, chunk); }
+template <typename B>
+GGML_EXT_FN ggml_ext_scale16 ggml_ext_scale16_q6_k(B b, int chunk) {
+  return ggml_ext_make_scale16(GGML_EXT_HALF_TO_FLOAT(b->d) * (float)b->scales[chunk], 0.0f, 0);
+}
+template <typename B>
+GGML_EXT_FN ggml_ext_scale16 ggml_ext_scale16_iq4_nl(B b, int chunk) { return ggml_ext_scale16_q4_0(b, chunk); }
+template <typename B>
+GGML_EXT_FN ggml_ext_scale16 ggml_ext_scale16_iq4_xs(B b, int chunk) {
+  return ggml_ext_make_scale16(GGML_EXT_HALF_TO_FLOAT(b->d) * (float)ggml_ext_iq4xs_scale(b, chunk >> 1), 0.0f, 0);
+}
+template <typename B>
+GGML_EXT_FN ggml_ext_scale16 ggml_ext_scale16_mxfp4(B b, int) {
+  return ggml_ext_make_scale16(ggml_ext_e8m0_half_to_float(b->e), 0.0f, 0);
+}
+
+GGML_EXT_FN float ggml_ext_apply_scale16(ggml_ext_scale16 s, int code) {
+  const float v = s.scale * (float)code;
+  // v != v: a NaN product stays the result when the offset is NaN too (ggml's and gguf's operand order).
+  return s.offset_op == 0 || v != v ? v : s.offset_op > 0 ? v + s.offset : v - s.offset;
+}
+
+GGML_EXT_FN int ggml_ext_codebook_value(int codebook, int part) {
+  return codebook == GGML_EXT_CODEBOOK_IQ4NL ? ggml_ext_iq4nl_value(part) : ggml_ext_mxfp4_value(part);
+}
+
+// Byte `offset` of a block, through a pointer of the block's own address space.
+#if defined(__METAL_VERSION__)
+template <typename T>
+inline uint ggml_ext_block_byte(device const T* b, int offset) { return ((device const uchar*)b)[offset]; }
+template <typename T>
+inline uint ggml_ext_block_byte(threadgroup const T* b, int offset) { return ((threadgroup const uchar*)b)[offset]; }
+template <typename T>
+inline uint ggml_ext_block_byte(thread const T* b, int offset) { return ((thread const uchar*)b)[offset]; }
+#else
+template <typename B>
+GGML_EXT_FN uint32_t ggml_ext_block_byte(B b, int offset) { return ((const uint8_t*)b)[offset]; }
+#endif
+
+// The element codes and values of one chunk, one element at a time (the reference; kernels vectorize it).
+template <typename B>
+GGML_EXT_FN int ggml_ext_code16(B b, ggml_ext_layout16 l, int j) {
+  int part = (int)((ggml_ext_block_byte(b, l.lo + j) >> l.lo_shift) & (uint32_t)l.lo_mask);
+  if (l.lo_signed) part = (int)(int8_t)(uint8_t)part;
+  if (l.hi_word) {
+    const uint32_t word = ggml_ext_block_byte(b, l.hi) | (ggml_ext_block_byte(b, l.hi + 1) << 8) |
+                          (ggml_ext_block_byte(b, l.hi + 2) << 16) | (ggml_ext_block_byte(b, l.hi + 3) << 24);
+    part |= (int)((word >> (l.hi_shift + j)) & 1u) << l.hi_pos;
+  } else if (l.hi_mask) {
+    part |= (int)((ggml_ext_block_byte(b, l.hi + j) >> l.hi_shift) & (uint32_t)l.hi_mask) << l.hi_pos;
   }
+  return l.codebook != GGML_EXT_CODEBOOK_NONE ? ggml_ext_codebook_value(l.codebook, part) : part - l.zero;
 }
 
 template <typename B, typename Y>
-GGML_EXT_FN void ggml_ext_dequant16_iq4_nl(B b, int chunk, Y y) {
-  const float d = GGML_EXT_HALF_TO_FLOAT(b->d);
-  for (int j = 0; j < 16; ++j) y[j] = d * (float)ggml_ext_iq4nl_value((b->qs[j] >> (4 * chunk)) & 0xF);
+GGML_EXT_FN void ggml_ext_dequant16_layout(B b, ggml_ext_layout16 l, ggml_ext_scale16 s, Y y) {
+  for (int j = 0; j < 16; ++j) y[j] = ggml_ext_apply_scale16(s, ggml_ext_code16(b, l, j));
 }
 
-template <typename B, typename Y>
-GGML_EXT_FN void ggml_ext_dequant16_iq4_xs(B b, int chunk, Y y) {
-  const int ib = chunk >> 1;
-  const float dl = GGML_EXT_HALF_TO_FLOAT(b->d) * (float)ggml_ext_iq4xs_scale(b, ib);
-  for (int j = 0; j < 16; ++j)
-    y[j] = dl * (float)ggml_ext_iq4nl_value((b->qs[16 * ib + j] >> (4 * (chunk & 1))) & 0xF);
-}
-
-template <typename B, typename Y>
-GGML_EXT_FN void ggml_ext_dequant16_mxfp4(B b, int chunk, Y y) {
-  const float d = ggml_ext_e8m0_half_to_float(b->e);
-  for (int j = 0; j < 16; ++j) y[j] = d * (float)ggml_ext_mxfp4_value((b->qs[j] >> (4 * chunk)) & 0xF);
-}
+// ---------------------------------------------------------------------------------------------------
+// Reference decoders: elements [16*chunk, 16*chunk + 16) of one block.
+// ---------------------------------------------------------------------------------------------------
+#define GGML_EXT_DEFINE_DEQUANT16(name)                                                        \
+  template <typename B, typename Y>                                                            \
+  GGML_EXT_FN void ggml_ext_dequant16_##name(B b, int chunk, Y y) {                            \
+    ggml_ext_dequant16_layout(b, ggml_ext_layout16_##name(chunk), ggml_ext_scale16_##name(b, chunk), y); \
+  }
+GGML_EXT_DEFINE_DEQUANT16(q4_0)
+GGML_EXT_DEFINE_DEQUANT16(q4_1)
+GGML_EXT_DEFINE_DEQUANT16(q5_0)
+GGML_EXT_DEFINE_DEQUANT16(q5_1)
+GGML_EXT_DEFINE_DEQUANT16(q8_0)
+GGML_EXT_DEFINE_DEQUANT16(q2_k)
+GGML_EXT_DEFINE_DEQUANT16(q3_k)
+GGML_EXT_DEFINE_DEQUANT16(q4_k)
+GGML_EXT_DEFINE_DEQUANT16(q5_k)
+GGML_EXT_DEFINE_DEQUANT16(q6_k)
+GGML_EXT_DEFINE_DEQUANT16(iq4_nl)
+GGML_EXT_DEFINE_DEQUANT16(iq4_xs)
+GGML_EXT_DEFINE_DEQUANT16(mxfp4)
+#undef GGML_EXT_DEFINE_DEQUANT16

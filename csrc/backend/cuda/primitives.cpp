@@ -1,4 +1,6 @@
 // CUDA: the primitives whose CUDA kernel is not written yet say so.
+#include "csrc/dequantize.h"
+#include "csrc/quantize.h"
 #include "csrc/rms_norm.h"
 #include "csrc/rope.h"
 
@@ -6,5 +8,7 @@ namespace mlx_ggml_ext {
 
 MLX_GGML_EXT_NO_GPU_KERNEL(RMSNorm)
 MLX_GGML_EXT_NO_GPU_KERNEL(RoPE)
+MLX_GGML_EXT_NO_GPU_KERNEL(Dequantize)
+MLX_GGML_EXT_NO_GPU_KERNEL(Quantize)
 
 }  // namespace mlx_ggml_ext

@@ -1,0 +1,42 @@
+// Quantize float tensors to ggml blocks.
+#pragma once
+#include "csrc/utils.h"
+
+namespace mlx_ggml_ext {
+
+// w: float32/float16/bfloat16 (..., K), K a multiple of the type's block size. Returns uint8
+// (rows, bytes_per_row), rows = the product of w's leading axes (1 for a vector). Types: F32, F16, BF16,
+// Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4 (byte-identical to gguf.quants.quantize for finite input), Q4_K, Q5_K,
+// Q6_K; others raise not_implemented_error. NaN/inf: see kernels/cpu/quantize.h.
+mx::array quantize(const mx::array& w, int ggml_type, mx::StreamOrDevice s = {});
+
+// Input: w (..., K), row-contiguous. Output: uint8 (..., K / block_size * type_size).
+class Quantize : public mx::UnaryPrimitive {
+ public:
+  Quantize(mx::Stream stream, int ggml_type) : mx::UnaryPrimitive(stream), type_(ggml_type) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+
+  // Rounding to a grid is piecewise constant: no useful derivative; both raise a ValueError naming the op.
+  std::vector<mx::array> jvp(const std::vector<mx::array>& primals,
+                             const std::vector<mx::array>& tangents,
+                             const std::vector<int>& argnums) override;
+  std::vector<mx::array> vjp(const std::vector<mx::array>& primals,
+                             const std::vector<mx::array>& cotangents,
+                             const std::vector<int>& argnums,
+                             const std::vector<mx::array>& outputs) override;
+  std::pair<std::vector<mx::array>, std::vector<int>> vmap(const std::vector<mx::array>& inputs,
+                                                           const std::vector<int>& axes) override;
+
+  const char* name() const override { return "GGMLExtQuantize"; }
+  bool is_equivalent(const mx::Primitive& other) const override;
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override;
+
+  int ggml_type() const { return type_; }
+
+ private:
+  int type_;
+};
+
+}  // namespace mlx_ggml_ext
