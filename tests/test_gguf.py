@@ -159,6 +159,29 @@ def test_every_tensor_type_reads_back_like_gguf_reader(tmp_path):
     assert f.version == 3 and f.alignment == 32
 
 
+def test_mapped_tensors_dequantize_like_gguf(tmp_path):
+    """End to end: GGUFWriter file -> zero-copy load -> ops.dequantize on the mapped blocks, bit-identical to
+    gguf.quants.dequantize of the same bytes, for every type."""
+    from mlx_ggml_ext.reference import random_blocks
+    rng = np.random.default_rng(11)
+    tensors = []
+    for ggml_type in GGMLType:
+        shape = (3, 2 * max(ggml_type.block_size, 32))
+        blocks = random_blocks(rng, ggml_type.name, shape[0], shape[1])
+        if ggml_type.is_float:  # GGUFWriter takes float tensors by value
+            dtype = {GGMLType.F32: np.float32, GGMLType.F16: np.float16}.get(ggml_type)
+            tensors.append((ggml_type.name, blocks.view(dtype) if dtype else blocks, None if dtype else GT.BF16))
+        else:
+            tensors.append((ggml_type.name, blocks, GT(int(ggml_type))))
+    f = mgguf.load(write_with_gguf_writer(tmp_path / "deq.gguf", tensors=tensors))
+    for ggml_type in GGMLType:
+        t = f.tensors[ggml_type.name]
+        expected = gguf.quants.dequantize(np.asarray(t.data), GT(int(ggml_type))).reshape(t.shape)
+        got = np.asarray(t.dequantize(mx.float32))
+        np.testing.assert_array_equal(got.view(np.uint32), expected.astype(np.float32).view(np.uint32),
+                                      err_msg=ggml_type.name)
+
+
 def test_every_metadata_value_type_reads_back(tmp_path):
     f32 = lambda x: float(np.float32(x))  # noqa: E731
     cases = [  # key, value written, value type, element type, expected plain value
