@@ -21,19 +21,10 @@ class Dequantize : public mx::UnaryPrimitive {
   Dequantize(mx::Stream stream, int ggml_type, mx::Dtype dtype)
       : mx::UnaryPrimitive(stream), type_(ggml_type), dtype_(dtype) {}
 
-  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
-  void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  MLX_GGML_EXT_EVAL_OVERRIDES
 
   // The input is raw bytes: no derivative exists; both raise a ValueError naming the op.
-  std::vector<mx::array> jvp(const std::vector<mx::array>& primals,
-                             const std::vector<mx::array>& tangents,
-                             const std::vector<int>& argnums) override;
-  std::vector<mx::array> vjp(const std::vector<mx::array>& primals,
-                             const std::vector<mx::array>& cotangents,
-                             const std::vector<int>& argnums,
-                             const std::vector<mx::array>& outputs) override;
-  std::pair<std::vector<mx::array>, std::vector<int>> vmap(const std::vector<mx::array>& inputs,
-                                                           const std::vector<int>& axes) override;
+  MLX_GGML_EXT_TRANSFORM_OVERRIDES
 
   const char* name() const override { return "GGMLExtDequantize"; }
   bool is_equivalent(const mx::Primitive& other) const override;

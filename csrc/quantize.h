@@ -15,19 +15,10 @@ class Quantize : public mx::UnaryPrimitive {
  public:
   Quantize(mx::Stream stream, int ggml_type) : mx::UnaryPrimitive(stream), type_(ggml_type) {}
 
-  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
-  void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  MLX_GGML_EXT_EVAL_OVERRIDES
 
   // Rounding to a grid is piecewise constant: no useful derivative; both raise a ValueError naming the op.
-  std::vector<mx::array> jvp(const std::vector<mx::array>& primals,
-                             const std::vector<mx::array>& tangents,
-                             const std::vector<int>& argnums) override;
-  std::vector<mx::array> vjp(const std::vector<mx::array>& primals,
-                             const std::vector<mx::array>& cotangents,
-                             const std::vector<int>& argnums,
-                             const std::vector<mx::array>& outputs) override;
-  std::pair<std::vector<mx::array>, std::vector<int>> vmap(const std::vector<mx::array>& inputs,
-                                                           const std::vector<int>& axes) override;
+  MLX_GGML_EXT_TRANSFORM_OVERRIDES
 
   const char* name() const override { return "GGMLExtQuantize"; }
   bool is_equivalent(const mx::Primitive& other) const override;

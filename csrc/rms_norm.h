@@ -17,18 +17,9 @@ class RMSNorm : public mx::UnaryPrimitive {
  public:
   RMSNorm(mx::Stream stream, float eps) : mx::UnaryPrimitive(stream), eps_(eps) {}
 
-  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
-  void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  MLX_GGML_EXT_EVAL_OVERRIDES
 
-  std::vector<mx::array> jvp(const std::vector<mx::array>& primals,
-                             const std::vector<mx::array>& tangents,
-                             const std::vector<int>& argnums) override;
-  std::vector<mx::array> vjp(const std::vector<mx::array>& primals,
-                             const std::vector<mx::array>& cotangents,
-                             const std::vector<int>& argnums,
-                             const std::vector<mx::array>& outputs) override;
-  std::pair<std::vector<mx::array>, std::vector<int>> vmap(const std::vector<mx::array>& inputs,
-                                                           const std::vector<int>& axes) override;
+  MLX_GGML_EXT_TRANSFORM_OVERRIDES
 
   const char* name() const override { return "GGMLExtRMSNorm"; }
   bool is_equivalent(const mx::Primitive& other) const override;

@@ -55,6 +55,23 @@ const char* gpu_backend();
 
 }  // namespace mlx_ggml_ext
 
+// The overrides every primitive of the package declares (one UnaryPrimitive each):
+// its evaluation per backend, and its transformations.
+#define MLX_GGML_EXT_EVAL_OVERRIDES                                                    \
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;        \
+  void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+
+#define MLX_GGML_EXT_TRANSFORM_OVERRIDES                                               \
+  std::vector<mx::array> jvp(const std::vector<mx::array>& primals,                    \
+                             const std::vector<mx::array>& tangents,                   \
+                             const std::vector<int>& argnums) override;                \
+  std::vector<mx::array> vjp(const std::vector<mx::array>& primals,                    \
+                             const std::vector<mx::array>& cotangents,                 \
+                             const std::vector<int>& argnums,                          \
+                             const std::vector<mx::array>& outputs) override;          \
+  std::pair<std::vector<mx::array>, std::vector<int>> vmap(                            \
+      const std::vector<mx::array>& inputs, const std::vector<int>& axes) override;
+
 // Defines eval_gpu for a primitive this backend has no kernel for yet.
 #define MLX_GGML_EXT_NO_GPU_KERNEL(Primitive)                                  \
   void Primitive::eval_gpu(const std::vector<mx::array>&, mx::array&) {      \
