@@ -58,6 +58,23 @@ def cpu_roofline_seconds(read_bytes: int, written_bytes: int, repeats: int = 1) 
     return _ext.measure_stream("read", read_bytes, repeats)
 
 
+def with_cpu_roofline(contenders: Dict[str, Callable[[], object]], read_bytes: int,
+                      written_bytes: int) -> Dict[str, Callable[[], object]]:
+    """The contenders plus, on the CPU, a "roofline" one streaming the same bytes in the
+    same rounds, so it meets the same machine noise as the ops it judges."""
+    if mx.default_device() != mx.cpu:
+        return contenders
+    return {**contenders, "roofline": lambda: cpu_roofline_seconds(read_bytes, written_bytes)}
+
+
+def roofline_fields(per_op: Dict[str, float], moved_per_op: int, name: str = "ours") -> dict:
+    """roofline_gbs and fraction_of_roofline (median against median) when the roofline ran."""
+    if "roofline" not in per_op:
+        return {}
+    roof = moved_per_op / per_op["roofline"] / 1e9
+    return {"roofline_gbs": roof, "fraction_of_roofline": moved_per_op / per_op[name] / 1e9 / roof}
+
+
 def cpu_roofline_gbs(read_bytes: int, written_bytes: int, repeats: int = 7) -> float:
     """GB/s of cpu_roofline_seconds, best of `repeats` (the traffic counted as the
     bytes read plus the bytes written)."""
