@@ -109,6 +109,21 @@ def test_large_multithreaded_input():
         assert nmse(to_numpy(got), expected) <= 1e-7
 
 
+@pytest.mark.parametrize("dtype, batches", [(mx.float32, 2), (mx.bfloat16, 4)], ids=str)
+def test_outputs_large_enough_for_streaming_stores(cpu_isa, dtype, batches):
+    """Outputs of 4 MiB and more are staged per token and streamed out: rows whose
+    length (D = 130, partial rotation) is not a whole number of vectors, at the
+    buffer's own (not vector-aligned) address, every kernel variant."""
+    rng = np.random.default_rng(23)
+    x = random_array(rng, (batches, 260, 16, 130), dtype)
+    assert x.nbytes >= 4 << 20
+    positions = random_positions(rng, 260)
+    for mode in MODES:
+        got, expected = run_rope(x, positions, 64, mode)
+        assert_close(got, expected, "rope", dtype)
+        np.testing.assert_array_equal(to_numpy(got)[..., 64:], to_numpy(x)[..., 64:])
+
+
 def test_three_dimensional_input_and_leading_batch_axes():
     """Also decode-like shapes (many batches, few tokens), which the kernel splits over
     batches rather than tokens."""

@@ -248,7 +248,7 @@ Split split_work(const RopeArgs& a) {
   return w;
 }
 
-template <class Fmt>
+template <class Fmt, bool kStream>
 void rope_units(const RopeArgs& a, const Split& w, int64_t begin, int64_t end) {
   using T = typename Fmt::T;
   const T* x = static_cast<const T*>(a.x);
@@ -257,6 +257,9 @@ void rope_units(const RopeArgs& a, const Split& w, int64_t begin, int64_t end) {
   const int64_t row = a.heads * a.dim;  // one token
   const bool copy_rest = x != y && a.dim > a.n_dims;
   Scratch scratch(a);
+  // With streaming stores a token's heads are rotated into this cached row first,
+  // then streamed out whole (MLX's buffers are not vector-aligned, a token row is).
+  std::vector<T> staged(kStream ? row : 0);
   for (int64_t u = begin; u < end; ++u) {
     const int64_t chunk = u % w.chunks;
     const int64_t t0 = (u / w.chunks % w.groups) * w.group;
@@ -273,19 +276,24 @@ void rope_units(const RopeArgs& a, const Split& w, int64_t begin, int64_t end) {
         const float* ct = scratch.cos_tab + l * scratch.pairs;
         const float* st = scratch.sin_tab + l * scratch.pairs;
         const int64_t token_offset = (b * a.tokens + t0 + l) * row;
+        T* out = kStream ? staged.data() : y + token_offset;
         for (int64_t h = 0; h < a.heads; ++h) {
           const T* xr = x + token_offset + h * a.dim;
-          T* yr = y + token_offset + h * a.dim;
+          T* yr = out + h * a.dim;
           if (a.neox) {
             rotate_neox<Fmt>(xr, yr, ct, st, a.n_dims);
           } else {
             rotate_normal<Fmt>(xr, yr, ct, st, a.n_dims);
           }
-          if (copy_rest) std::memcpy(yr + a.n_dims, xr + a.n_dims, (a.dim - a.n_dims) * sizeof(T));
+          if (kStream ? a.dim > a.n_dims : copy_rest) {
+            std::memcpy(yr + a.n_dims, xr + a.n_dims, (a.dim - a.n_dims) * sizeof(T));
+          }
         }
+        if constexpr (kStream) stream_copy_bytes(y + token_offset, staged.data(), row * sizeof(T));
       }
     }
   }
+  if constexpr (kStream) stream_fence();
 }
 
 }  // namespace
@@ -296,8 +304,10 @@ void rope(const RopeArgs& a) {
   // Threads only pay off past a few tens of kilobytes per part.
   const int64_t unit_elems = w.group * w.batches_per_unit * a.heads * a.dim;
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, unit_elems));
+  const bool stream = kHasStreamingStores && a.batches * a.tokens * a.heads * a.dim *
+                                                 float_type_bytes(a.type) >= kStreamingStoreMinBytes;
   GGML_EXT_FLOAT_SWITCH(a.type, Fmt, parallel_for(w.units, grain, [&](int64_t b, int64_t e) {
-                          rope_units<Fmt>(a, w, b, e);
+                          stream ? rope_units<Fmt, true>(a, w, b, e) : rope_units<Fmt, false>(a, w, b, e);
                         }));
 }
 

@@ -88,6 +88,25 @@ inline void stream_store(void* p, V v) {
   std::memcpy(p, &v, sizeof v);
 }
 
+// Copies n bytes to dst with streaming stores for the aligned middle (ordinary
+// stores for the unaligned head and tail): for kernels that build an output row in
+// a cached scratch buffer and then stream it out.
+inline void stream_copy_bytes(void* dst, const void* src, int64_t n) {
+  auto* d = static_cast<uint8_t*>(dst);
+  const auto* s = static_cast<const uint8_t*>(src);
+  constexpr int64_t kWidth = sizeof(vf32);
+  int64_t head = static_cast<int64_t>((kWidth - reinterpret_cast<uintptr_t>(d) % kWidth) % kWidth);
+  if (!kHasStreamingStores || head > n) head = n;
+  std::memcpy(d, s, head);
+  int64_t i = head;
+  for (; i + kWidth <= n; i += kWidth) {
+    vf32 v;
+    std::memcpy(&v, s + i, sizeof v);
+    stream_store(d + i, v);
+  }
+  std::memcpy(d + i, s + i, n - i);
+}
+
 // Orders streaming stores before the stores of whoever reads the output next.
 inline void stream_fence() {
 #if defined(__AVX2__) || defined(__AVX512F__)

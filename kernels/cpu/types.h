@@ -7,6 +7,8 @@ namespace ggml_ext::cpu {
 // The float formats the kernels read and write.
 enum class FloatType : int { f32 = 0, f16 = 1, bf16 = 2 };
 
+inline int64_t float_type_bytes(FloatType t) { return t == FloatType::f32 ? 4 : 2; }
+
 }  // namespace ggml_ext::cpu
 
 // Calls body with `Fmt` bound to the storage struct (F32/F16/BF16) of `type`.
