@@ -5,27 +5,18 @@
 namespace mlx_ggml_ext {
 namespace {
 
+// The name as ggml spells it ("Q4_K"), or nullptr for an id outside the type lists.
+#define GGML_EXT_FLOAT_TYPE_NAME(NAME, id, bytes) case GGML_EXT_TYPE_##NAME: return #NAME;
+#define GGML_EXT_QUANT_TYPE_NAME(NAME, name, id, qk, bytes) case GGML_EXT_TYPE_##NAME: return #NAME;
 const char* type_name(int type) {
   switch (type) {
-    case GGML_EXT_TYPE_F32: return "F32";
-    case GGML_EXT_TYPE_F16: return "F16";
-    case GGML_EXT_TYPE_BF16: return "BF16";
-    case GGML_EXT_TYPE_Q4_0: return "Q4_0";
-    case GGML_EXT_TYPE_Q4_1: return "Q4_1";
-    case GGML_EXT_TYPE_Q5_0: return "Q5_0";
-    case GGML_EXT_TYPE_Q5_1: return "Q5_1";
-    case GGML_EXT_TYPE_Q8_0: return "Q8_0";
-    case GGML_EXT_TYPE_Q2_K: return "Q2_K";
-    case GGML_EXT_TYPE_Q3_K: return "Q3_K";
-    case GGML_EXT_TYPE_Q4_K: return "Q4_K";
-    case GGML_EXT_TYPE_Q5_K: return "Q5_K";
-    case GGML_EXT_TYPE_Q6_K: return "Q6_K";
-    case GGML_EXT_TYPE_IQ4_NL: return "IQ4_NL";
-    case GGML_EXT_TYPE_IQ4_XS: return "IQ4_XS";
-    case GGML_EXT_TYPE_MXFP4: return "MXFP4";
+    GGML_EXT_FOR_EACH_FLOAT_TYPE(GGML_EXT_FLOAT_TYPE_NAME)
+    GGML_EXT_FOR_EACH_QUANT_TYPE(GGML_EXT_QUANT_TYPE_NAME)
     default: return nullptr;
   }
 }
+#undef GGML_EXT_FLOAT_TYPE_NAME
+#undef GGML_EXT_QUANT_TYPE_NAME
 
 }  // namespace
 

@@ -1,9 +1,10 @@
 // ggml's quantized block formats, defined once for every backend.
 //
 // This header is included by the CPU kernels (C++), the CUDA kernels (nvcc) and the Metal kernels (MSL,
-// and the project's Metal emulator). It holds: the type ids, the block structs (little-endian, fields in
-// ggml's order, sizes checked), the small decoding helpers (scales, nibble lookups), each format's chunk
-// layout as data (`ggml_ext_layout16_<type>(chunk)`: which bytes, shifts and masks hold 16 consecutive
+// and the project's Metal emulator). It holds: the list of types (GGML_EXT_FOR_EACH_FLOAT_TYPE and
+// GGML_EXT_FOR_EACH_QUANT_TYPE, X-macros: the one place the types are enumerated) and the type ids made
+// from it, the block structs (little-endian, fields in ggml's order, sizes checked), the small decoding
+// helpers (scales, nibble lookups), each format's chunk layout as data (`ggml_ext_layout16_<type>(chunk)`: which bytes, shifts and masks hold 16 consecutive
 // elements; `ggml_ext_scale16_<type>(block, chunk)`: their scale and offset) and, built on those, one
 // reference decoder per type, `ggml_ext_dequant16_<type>(block, chunk, out)`, writing the elements
 // [16*chunk, 16*chunk + 16) of a block as float. Fast kernels interpret the same layouts with vectors, so
@@ -49,28 +50,42 @@ GGML_EXT_FN float ggml_ext_half_to_float(uint16_t h) {
 #define GGML_EXT_HALF_TO_FLOAT(h) ggml_ext_half_to_float(h)
 #endif
 
-// ggml type ids, as stored in GGUF files.
-enum ggml_ext_type_id {
-  GGML_EXT_TYPE_F32 = 0,
-  GGML_EXT_TYPE_F16 = 1,
-  GGML_EXT_TYPE_Q4_0 = 2,
-  GGML_EXT_TYPE_Q4_1 = 3,
-  GGML_EXT_TYPE_Q5_0 = 6,
-  GGML_EXT_TYPE_Q5_1 = 7,
-  GGML_EXT_TYPE_Q8_0 = 8,
-  GGML_EXT_TYPE_Q2_K = 10,
-  GGML_EXT_TYPE_Q3_K = 11,
-  GGML_EXT_TYPE_Q4_K = 12,
-  GGML_EXT_TYPE_Q5_K = 13,
-  GGML_EXT_TYPE_Q6_K = 14,
-  GGML_EXT_TYPE_IQ4_NL = 20,
-  GGML_EXT_TYPE_IQ4_XS = 23,
-  GGML_EXT_TYPE_BF16 = 30,
-  GGML_EXT_TYPE_MXFP4 = 39,
-};
-
 #define GGML_EXT_QK32 32   // legacy types, IQ4_NL, MXFP4
 #define GGML_EXT_QK_K 256  // K-quants, IQ4_XS
+
+// The ggml types this package handles, listed once: every switch over them is generated from these lists.
+// X(NAME, id, bytes): a float type; GGML_EXT_TYPE_<NAME> = id (as stored in GGUF files), bytes per element
+// (a float type is a block of one element).
+#define GGML_EXT_FOR_EACH_FLOAT_TYPE(X)     \
+  X(F32, 0, 4)                              \
+  X(F16, 1, 2)                              \
+  X(BF16, 30, 2)
+// X(NAME, name, id, qk, bytes): a block type; GGML_EXT_TYPE_<NAME> = id, qk elements and ggml's bytes per
+// block (checked against sizeof(block_<name>)), and block_<name>, ggml_ext_layout16_<name>,
+// ggml_ext_scale16_<name>, ggml_ext_dequant16_<name> below.
+#define GGML_EXT_FOR_EACH_QUANT_TYPE(X)     \
+  X(Q4_0, q4_0, 2, GGML_EXT_QK32, 18)       \
+  X(Q4_1, q4_1, 3, GGML_EXT_QK32, 20)       \
+  X(Q5_0, q5_0, 6, GGML_EXT_QK32, 22)       \
+  X(Q5_1, q5_1, 7, GGML_EXT_QK32, 24)       \
+  X(Q8_0, q8_0, 8, GGML_EXT_QK32, 34)       \
+  X(Q2_K, q2_k, 10, GGML_EXT_QK_K, 84)      \
+  X(Q3_K, q3_k, 11, GGML_EXT_QK_K, 110)     \
+  X(Q4_K, q4_k, 12, GGML_EXT_QK_K, 144)     \
+  X(Q5_K, q5_k, 13, GGML_EXT_QK_K, 176)     \
+  X(Q6_K, q6_k, 14, GGML_EXT_QK_K, 210)     \
+  X(IQ4_NL, iq4_nl, 20, GGML_EXT_QK32, 18)  \
+  X(IQ4_XS, iq4_xs, 23, GGML_EXT_QK_K, 136) \
+  X(MXFP4, mxfp4, 39, GGML_EXT_QK32, 17)
+
+#define GGML_EXT_FLOAT_TYPE_ID(NAME, id, bytes) GGML_EXT_TYPE_##NAME = id,
+#define GGML_EXT_QUANT_TYPE_ID(NAME, name, id, qk, bytes) GGML_EXT_TYPE_##NAME = id,
+enum ggml_ext_type_id {
+  GGML_EXT_FOR_EACH_FLOAT_TYPE(GGML_EXT_FLOAT_TYPE_ID)
+  GGML_EXT_FOR_EACH_QUANT_TYPE(GGML_EXT_QUANT_TYPE_ID)
+};
+#undef GGML_EXT_FLOAT_TYPE_ID
+#undef GGML_EXT_QUANT_TYPE_ID
 
 // ---------------------------------------------------------------------------------------------------
 // Block layouts. f16 fields are stored as raw uint16_t bits (IEEE half).
@@ -145,56 +160,34 @@ struct block_mxfp4 {
   uint8_t qs[16];
 };
 
-static_assert(sizeof(block_q4_0) == 18, "block_q4_0 size");
-static_assert(sizeof(block_q4_1) == 20, "block_q4_1 size");
-static_assert(sizeof(block_q5_0) == 22, "block_q5_0 size");
-static_assert(sizeof(block_q5_1) == 24, "block_q5_1 size");
-static_assert(sizeof(block_q8_0) == 34, "block_q8_0 size");
-static_assert(sizeof(block_q2_k) == 84, "block_q2_k size");
-static_assert(sizeof(block_q3_k) == 110, "block_q3_k size");
-static_assert(sizeof(block_q4_k) == 144, "block_q4_k size");
-static_assert(sizeof(block_q5_k) == 176, "block_q5_k size");
-static_assert(sizeof(block_q6_k) == 210, "block_q6_k size");
-static_assert(sizeof(block_iq4_nl) == 18, "block_iq4_nl size");
-static_assert(sizeof(block_iq4_xs) == 136, "block_iq4_xs size");
-static_assert(sizeof(block_mxfp4) == 17, "block_mxfp4 size");
+#define GGML_EXT_CHECK_BLOCK_SIZE(NAME, name, id, qk, bytes) \
+  static_assert(sizeof(block_##name) == bytes, "block_" #name " size");
+GGML_EXT_FOR_EACH_QUANT_TYPE(GGML_EXT_CHECK_BLOCK_SIZE)
+#undef GGML_EXT_CHECK_BLOCK_SIZE
 
-// Elements and bytes per block of a type id (a float type is a block of one element); 0 for an id
-// outside the table above.
+// Elements and bytes per block of a type id; 0 for an id outside the lists above.
+#define GGML_EXT_FLOAT_BLOCK_SIZE(NAME, id, bytes) case GGML_EXT_TYPE_##NAME: return 1;
+#define GGML_EXT_QUANT_BLOCK_SIZE(NAME, name, id, qk, bytes) case GGML_EXT_TYPE_##NAME: return qk;
 GGML_EXT_FN int ggml_ext_block_size(int type) {
   switch (type) {
-    case GGML_EXT_TYPE_F32: case GGML_EXT_TYPE_F16: case GGML_EXT_TYPE_BF16:
-      return 1;
-    case GGML_EXT_TYPE_Q4_0: case GGML_EXT_TYPE_Q4_1: case GGML_EXT_TYPE_Q5_0: case GGML_EXT_TYPE_Q5_1:
-    case GGML_EXT_TYPE_Q8_0: case GGML_EXT_TYPE_IQ4_NL: case GGML_EXT_TYPE_MXFP4:
-      return GGML_EXT_QK32;
-    case GGML_EXT_TYPE_Q2_K: case GGML_EXT_TYPE_Q3_K: case GGML_EXT_TYPE_Q4_K: case GGML_EXT_TYPE_Q5_K:
-    case GGML_EXT_TYPE_Q6_K: case GGML_EXT_TYPE_IQ4_XS:
-      return GGML_EXT_QK_K;
-    default:
-      return 0;
-  }
-}
-GGML_EXT_FN int ggml_ext_type_size(int type) {
-  switch (type) {
-    case GGML_EXT_TYPE_F32: return 4;
-    case GGML_EXT_TYPE_F16: case GGML_EXT_TYPE_BF16: return 2;
-    case GGML_EXT_TYPE_Q4_0: return sizeof(block_q4_0);
-    case GGML_EXT_TYPE_Q4_1: return sizeof(block_q4_1);
-    case GGML_EXT_TYPE_Q5_0: return sizeof(block_q5_0);
-    case GGML_EXT_TYPE_Q5_1: return sizeof(block_q5_1);
-    case GGML_EXT_TYPE_Q8_0: return sizeof(block_q8_0);
-    case GGML_EXT_TYPE_Q2_K: return sizeof(block_q2_k);
-    case GGML_EXT_TYPE_Q3_K: return sizeof(block_q3_k);
-    case GGML_EXT_TYPE_Q4_K: return sizeof(block_q4_k);
-    case GGML_EXT_TYPE_Q5_K: return sizeof(block_q5_k);
-    case GGML_EXT_TYPE_Q6_K: return sizeof(block_q6_k);
-    case GGML_EXT_TYPE_IQ4_NL: return sizeof(block_iq4_nl);
-    case GGML_EXT_TYPE_IQ4_XS: return sizeof(block_iq4_xs);
-    case GGML_EXT_TYPE_MXFP4: return sizeof(block_mxfp4);
+    GGML_EXT_FOR_EACH_FLOAT_TYPE(GGML_EXT_FLOAT_BLOCK_SIZE)
+    GGML_EXT_FOR_EACH_QUANT_TYPE(GGML_EXT_QUANT_BLOCK_SIZE)
     default: return 0;
   }
 }
+#undef GGML_EXT_FLOAT_BLOCK_SIZE
+#undef GGML_EXT_QUANT_BLOCK_SIZE
+#define GGML_EXT_FLOAT_TYPE_SIZE(NAME, id, bytes) case GGML_EXT_TYPE_##NAME: return bytes;
+#define GGML_EXT_QUANT_TYPE_SIZE(NAME, name, id, qk, bytes) case GGML_EXT_TYPE_##NAME: return sizeof(block_##name);
+GGML_EXT_FN int ggml_ext_type_size(int type) {
+  switch (type) {
+    GGML_EXT_FOR_EACH_FLOAT_TYPE(GGML_EXT_FLOAT_TYPE_SIZE)
+    GGML_EXT_FOR_EACH_QUANT_TYPE(GGML_EXT_QUANT_TYPE_SIZE)
+    default: return 0;
+  }
+}
+#undef GGML_EXT_FLOAT_TYPE_SIZE
+#undef GGML_EXT_QUANT_TYPE_SIZE
 
 // ---------------------------------------------------------------------------------------------------
 // Shared decoding helpers.
@@ -488,22 +481,10 @@ GGML_EXT_FN void ggml_ext_dequant16_layout(B b, ggml_ext_layout16 l, ggml_ext_sc
 // ---------------------------------------------------------------------------------------------------
 // Reference decoders: elements [16*chunk, 16*chunk + 16) of one block.
 // ---------------------------------------------------------------------------------------------------
-#define GGML_EXT_DEFINE_DEQUANT16(name)                                                        \
+#define GGML_EXT_DEFINE_DEQUANT16(NAME, name, id, qk, bytes)                                   \
   template <typename B, typename Y>                                                            \
   GGML_EXT_FN void ggml_ext_dequant16_##name(B b, int chunk, Y y) {                            \
     ggml_ext_dequant16_layout(b, ggml_ext_layout16_##name(chunk), ggml_ext_scale16_##name(b, chunk), y); \
   }
-GGML_EXT_DEFINE_DEQUANT16(q4_0)
-GGML_EXT_DEFINE_DEQUANT16(q4_1)
-GGML_EXT_DEFINE_DEQUANT16(q5_0)
-GGML_EXT_DEFINE_DEQUANT16(q5_1)
-GGML_EXT_DEFINE_DEQUANT16(q8_0)
-GGML_EXT_DEFINE_DEQUANT16(q2_k)
-GGML_EXT_DEFINE_DEQUANT16(q3_k)
-GGML_EXT_DEFINE_DEQUANT16(q4_k)
-GGML_EXT_DEFINE_DEQUANT16(q5_k)
-GGML_EXT_DEFINE_DEQUANT16(q6_k)
-GGML_EXT_DEFINE_DEQUANT16(iq4_nl)
-GGML_EXT_DEFINE_DEQUANT16(iq4_xs)
-GGML_EXT_DEFINE_DEQUANT16(mxfp4)
+GGML_EXT_FOR_EACH_QUANT_TYPE(GGML_EXT_DEFINE_DEQUANT16)
 #undef GGML_EXT_DEFINE_DEQUANT16

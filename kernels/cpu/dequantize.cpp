@@ -161,28 +161,20 @@ void run_convert(const DequantizeArgs& a) {
   parallel_for(a.n_blocks, kGrainElements, [&](int64_t b, int64_t e) { convert_floats<Out, In>(x, y, b, e); });
 }
 
+#define GGML_EXT_DEQUANTIZE_CASE(NAME, name, id, qk, bytes) \
+  case GGML_EXT_TYPE_##NAME: return run_blocks<Fmt, GGML_EXT_BLOCK_FORMAT(name, qk)>(a);
+
 template <class Fmt>
 void dequantize_to(const DequantizeArgs& a) {
   switch (a.type) {
     case GGML_EXT_TYPE_F32: return run_convert<Fmt, F32>(a);
     case GGML_EXT_TYPE_F16: return run_convert<Fmt, F16Exact>(a);
     case GGML_EXT_TYPE_BF16: return run_convert<Fmt, BF16>(a);
-    case GGML_EXT_TYPE_Q4_0: return run_blocks<Fmt, GGML_EXT_BLOCK_FORMAT(q4_0, 32)>(a);
-    case GGML_EXT_TYPE_Q4_1: return run_blocks<Fmt, GGML_EXT_BLOCK_FORMAT(q4_1, 32)>(a);
-    case GGML_EXT_TYPE_Q5_0: return run_blocks<Fmt, GGML_EXT_BLOCK_FORMAT(q5_0, 32)>(a);
-    case GGML_EXT_TYPE_Q5_1: return run_blocks<Fmt, GGML_EXT_BLOCK_FORMAT(q5_1, 32)>(a);
-    case GGML_EXT_TYPE_Q8_0: return run_blocks<Fmt, GGML_EXT_BLOCK_FORMAT(q8_0, 32)>(a);
-    case GGML_EXT_TYPE_Q2_K: return run_blocks<Fmt, GGML_EXT_BLOCK_FORMAT(q2_k, 256)>(a);
-    case GGML_EXT_TYPE_Q3_K: return run_blocks<Fmt, GGML_EXT_BLOCK_FORMAT(q3_k, 256)>(a);
-    case GGML_EXT_TYPE_Q4_K: return run_blocks<Fmt, GGML_EXT_BLOCK_FORMAT(q4_k, 256)>(a);
-    case GGML_EXT_TYPE_Q5_K: return run_blocks<Fmt, GGML_EXT_BLOCK_FORMAT(q5_k, 256)>(a);
-    case GGML_EXT_TYPE_Q6_K: return run_blocks<Fmt, GGML_EXT_BLOCK_FORMAT(q6_k, 256)>(a);
-    case GGML_EXT_TYPE_IQ4_NL: return run_blocks<Fmt, GGML_EXT_BLOCK_FORMAT(iq4_nl, 32)>(a);
-    case GGML_EXT_TYPE_IQ4_XS: return run_blocks<Fmt, GGML_EXT_BLOCK_FORMAT(iq4_xs, 256)>(a);
-    case GGML_EXT_TYPE_MXFP4: return run_blocks<Fmt, GGML_EXT_BLOCK_FORMAT(mxfp4, 32)>(a);
+    GGML_EXT_FOR_EACH_QUANT_TYPE(GGML_EXT_DEQUANTIZE_CASE)
     default: return;  // the primitive validated the type
   }
 }
+#undef GGML_EXT_DEQUANTIZE_CASE
 
 }  // namespace
 
