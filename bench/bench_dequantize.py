@@ -22,7 +22,7 @@ import statistics
 import mlx.core as mx
 import numpy as np
 
-from common import cpu_roofline_gbs, device_name, emit, header, interleaved
+from common import add_run_options, cpu_roofline_gbs, device_name, emit, header, interleaved
 from mlx_ggml_ext import GGMLType, _ext, ops
 
 # MLX's comparable quantization of each ggml type: (bits, mode); None: astype from the float type.
@@ -122,12 +122,9 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shape", default="1024x4096")
     p.add_argument("--types", default=",".join(MLX_COUNTERPART))
-    p.add_argument("--graph", type=int, default=4)
-    p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--quantize-shape", default="256x4096")
     p.add_argument("--no-quantize", action="store_true")
-    p.add_argument("--mlx-default-cache", action="store_true",
-                   help="keep MLX's default 32 MB buffer cache (outputs page-fault on every eval)")
+    add_run_options(p, rounds=20)
     args = p.parse_args()
     rows, k = (int(v) for v in args.shape.split("x"))
     header(raise_cache_limit=not args.mlx_default_cache)

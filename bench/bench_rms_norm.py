@@ -7,7 +7,7 @@ import argparse
 
 import mlx.core as mx
 
-from common import device_name, emit, header, interleaved, roofline_fields, with_cpu_roofline
+from common import add_run_options, device_name, emit, header, interleaved, roofline_fields, with_cpu_roofline
 from mlx_ggml_ext import ops
 
 DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
@@ -37,10 +37,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--shape", default="512x4096")
     p.add_argument("--dtypes", default="float32,float16,bfloat16")
-    p.add_argument("--graph", type=int, default=4)
-    p.add_argument("--rounds", type=int, default=30)
-    p.add_argument("--mlx-default-cache", action="store_true",
-                   help="keep MLX's default 32 MB buffer cache (outputs page-fault on every eval)")
+    add_run_options(p, rounds=30)
     args = p.parse_args()
     rows, dim = (int(v) for v in args.shape.split("x"))
     header(raise_cache_limit=not args.mlx_default_cache)

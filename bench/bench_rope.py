@@ -9,7 +9,7 @@ import argparse
 
 import mlx.core as mx
 
-from common import device_name, emit, header, interleaved, roofline_fields, with_cpu_roofline
+from common import add_run_options, device_name, emit, header, interleaved, roofline_fields, with_cpu_roofline
 from mlx_ggml_ext import ops
 
 DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
@@ -44,10 +44,7 @@ def main():
     p.add_argument("--shape", default="1x512x32x128", help="B x T x H x D (ggml layout)")
     p.add_argument("--modes", default="normal,neox")
     p.add_argument("--dtypes", default="float32,float16,bfloat16")
-    p.add_argument("--graph", type=int, default=4)
-    p.add_argument("--rounds", type=int, default=20)
-    p.add_argument("--mlx-default-cache", action="store_true",
-                   help="keep MLX's default 32 MB buffer cache (outputs page-fault on every eval)")
+    add_run_options(p, rounds=20)
     args = p.parse_args()
     shape = tuple(int(v) for v in args.shape.split("x"))
     header(raise_cache_limit=not args.mlx_default_cache)

@@ -93,6 +93,14 @@ def emit(record: dict) -> None:
 CACHE_LIMIT = 4 << 30
 
 
+def add_run_options(parser, rounds: int) -> None:
+    """The options every benchmark shares: ops per evaluated graph, timed rounds, MLX's cache limit."""
+    parser.add_argument("--graph", type=int, default=4, help="independent ops per evaluated graph")
+    parser.add_argument("--rounds", type=int, default=rounds)
+    parser.add_argument("--mlx-default-cache", action="store_true",
+                        help="keep MLX's default 32 MB buffer cache (outputs page-fault on every eval)")
+
+
 def header(raise_cache_limit: bool = True) -> None:
     limit = CACHE_LIMIT if raise_cache_limit else mx.set_cache_limit(0)
     mx.set_cache_limit(limit)
