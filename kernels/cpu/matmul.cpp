@@ -42,7 +42,7 @@ constexpr int kTileRows = 8;       // rows of x per weight pass
 constexpr int64_t kL2WeightBytes = 192 << 10;  // weight rows kept in cache across the row tiles of x
 
 template <class V>
-inline V load_vec(const void* p) {
+inline __attribute__((always_inline)) V load_vec(const void* p) {
   V v;
   std::memcpy(&v, p, sizeof v);
   return v;
@@ -139,53 +139,19 @@ void quantize_activation_row(const typename Fmt::T* x, int64_t K, QuantizedRows&
   }
 }
 
-// ---------------------------------------------------------------------------------------------------
-// The integer dot of 64 weight bytes with a record's 64 activation codes, 4 elements per int32 lane.
-// ---------------------------------------------------------------------------------------------------
-inline __attribute__((always_inline)) vi32x16 dot_lanes(vi8x64 w, const ActRecord& r) {
 #if defined(__AVX512VNNI__) && defined(__AVX512VBMI__)
+// The integer dot of 64 unsigned weight bytes with a record's 64 activation codes, 4 elements per int32 lane.
+inline __attribute__((always_inline)) vi32x16 dot_lanes(vi8x64 w, const ActRecord& r) {
   return (vi32x16)_mm512_dpbusd_epi32(_mm512_loadu_si512(r.start), (__m512i)w, _mm512_loadu_si512(r.q));
-#elif defined(__AVX2__)
-  typedef int8_t vi8x32 __attribute__((vector_size(32)));
-  typedef int32_t vi32x8 __attribute__((vector_size(32)));
-  const __m256i ones = _mm256_set1_epi16(1);
-  auto half = [&](vi8x32 wh, const int8_t* qh) {
-    const __m256i wv = (__m256i)wh, qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh));
-    // |w| * (q with w's sign): products of at most 128 * 127, pairs within int16
-    return (vi32x8)_mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(qv, wv)),
-                                     ones);
-  };
-  const vi8x32 lo = __builtin_shufflevector(w, w, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18,
-                                            19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31);
-  const vi8x32 hi = __builtin_shufflevector(w, w, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47,
-                                            48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63);
-  const vi32x8 a = half(lo, r.q), b = half(hi, r.q + 32);
-  return __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-#elif defined(__aarch64__) && defined(__ARM_NEON)
-  int32x4_t parts[4];
-  for (int i = 0; i < 4; ++i) {
-    const int8x16_t wv = vld1q_s8(reinterpret_cast<const int8_t*>(&w) + 16 * i), qv = vld1q_s8(r.q + 16 * i);
-#if defined(__ARM_FEATURE_DOTPROD)
-    parts[i] = vdotq_s32(vdupq_n_s32(0), wv, qv);
-#else
-    const int32x4_t pairs_lo = vpaddlq_s16(vmull_s8(vget_low_s8(wv), vget_low_s8(qv)));
-    const int32x4_t pairs_hi = vpaddlq_s16(vmull_high_s8(wv, qv));
-    parts[i] = vpaddq_s32(pairs_lo, pairs_hi);
-#endif
-  }
-  return load_vec<vi32x16>(parts);
-#else
-  vi32x16 out;
-  for (int l = 0; l < kGroupLanes; ++l) {
-    int sum = 0;
-    for (int j = 0; j < 4; ++j) sum += static_cast<int>(w[4 * l + j]) * static_cast<int>(r.q[4 * l + j]);
-    out[l] = sum;
-  }
-  return out;
-#endif
 }
+#endif
 
-inline vi8x64 concat_chunks(vi8x16 a, vi8x16 b, vi8x16 c, vi8x16 d) {
+inline __attribute__((always_inline)) vi8x64 concat_chunks(vi8x16 a, vi8x16 b, vi8x16 c, vi8x16 d) {
+#if !defined(__AVX512F__)
+  // Below AVX-512, GCC lowers 64-byte shuffles byte by byte; through memory it is four stores and a load.
+  alignas(64) vi8x16 parts[4] = {a, b, c, d};
+  return load_vec<vi8x64>(parts);
+#endif
   typedef int8_t vi8x32 __attribute__((vector_size(32)));
   const vi8x32 ab = __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18,
                                             19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31);
@@ -198,12 +164,12 @@ inline vi8x64 concat_chunks(vi8x16 a, vi8x16 b, vi8x16 c, vi8x16 d) {
 }
 
 // Four chunk values as 16 lanes, each repeated over its chunk's 4 lanes.
-inline vf32x16 chunk_lanes(float a, float b, float c, float d) {
+inline __attribute__((always_inline)) vf32x16 chunk_lanes(float a, float b, float c, float d) {
   return vf32x16{a, a, a, a, b, b, b, b, c, c, c, c, d, d, d, d};
 }
 
 // The signed offset a chunk adds per unit of x (0 for formats without one).
-inline float signed_offset(const ggml_ext_scale16& s) {
+inline __attribute__((always_inline)) float signed_offset(const ggml_ext_scale16& s) {
   return s.offset_op == 0 ? 0.0f : s.offset_op > 0 ? s.offset : -s.offset;
 }
 
@@ -237,11 +203,17 @@ struct ChunkCodes {
       kUnsignedWeights ? weight_zero<Q, kOffset>() - code_center<Q, kOffset>() : -code_center<Q, kOffset>());
   vi8x16 table = codebook_table(Q::layout(0).codebook);
 
+  template <int G, int C>
+  inline __attribute__((always_inline)) vi8x16 chunk(const uint8_t* base) const {
+    constexpr ggml_ext_layout16 kLayout = group_chunk_layout<Q>(G, C);  // constant: codes16's branches fold
+    return codes16(base, kLayout, table);
+  }
+
   template <int G>
   inline __attribute__((always_inline)) vi8x64 decode(const uint8_t* base, bool second_block = true) const {
-    auto chunk = [&](int c) { return codes16(base, group_chunk_layout<Q>(G, c), table); };
-    const vi8x64 codes = concat_chunks(chunk(0), chunk(1), second_block ? chunk(2) : vi8x16{},
-                                       second_block ? chunk(3) : vi8x16{});
+    const vi8x64 codes = concat_chunks(chunk<G, 0>(base), chunk<G, 1>(base),
+                                       second_block ? chunk<G, 2>(base) : vi8x16{},
+                                       second_block ? chunk<G, 3>(base) : vi8x16{});
     return codes + kShift;
   }
 };
@@ -364,6 +336,12 @@ template <class Q, bool kOffset>
 using GroupCodes = ChunkCodes<Q, kOffset>;
 #endif
 
+// 16 bytes as 16 floats (widening in steps: GCC 12 scalarizes a direct conversion).
+inline __attribute__((always_inline)) vf32x16 widen_bytes(vu8x16 v) {
+  typedef uint16_t vu16x16 __attribute__((vector_size(32)));
+  return __builtin_convertvector(__builtin_convertvector(__builtin_convertvector(v, vu16x16), vi32x16), vf32x16);
+}
+
 // Chunk scales and offsets: per block for 256-element blocks (16 chunks, one lane each), then spread over a
 // group's lanes; per pair of blocks for 32-element ones. The generic form calls the shared scale function
 // per chunk; the common formats have vector forms below that compute the same values.
@@ -373,11 +351,14 @@ struct ChunkScales {
   vf32x16 scale, offset;  // 256-element blocks: chunk c in lane c
 
   void load_block(const B* b) {
+    float sc[16], off[16];
     for (int c = 0; c < 16; ++c) {
       const auto s = Q::scale(b, c);
-      scale[c] = s.scale;
-      offset[c] = signed_offset(s);
+      sc[c] = s.scale;
+      off[c] = signed_offset(s);
     }
+    scale = load_vec<vf32x16>(sc);
+    offset = load_vec<vf32x16>(off);
   }
   static void pair(const B* b0, const B* b1, vf32x16& sw, vf32x16& ow) {
     const auto s0 = Q::scale(b0, 0), s1 = Q::scale(b1, 0);
@@ -392,16 +373,16 @@ struct K4Scales : ChunkScales<Q> {
   void load_block(const typename Q::B* b) {
     const vu8x16 q = load16(b->scales);  // 12 bytes of scales, then the block's next field
     // lanes 0..7: scale j, lanes 8..15: min j (get_scale_min_k4)
+    // (constant shifts only: x86 has no per-byte variable shift)
     const vu8x16 low_idx = {0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11};
-    const vu8x16 low_shift = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4};
-    const vu8x16 low_mask = {63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 15, 15, 15, 15};
+    const vu8x16 low_mask = {63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0};
+    const vu8x16 nibble_mask = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15};
     const vu8x16 high_idx = {0, 0, 0, 0, 0, 1, 2, 3, 0, 0, 0, 0, 4, 5, 6, 7};
     const vu8x16 high_keep = {0, 0, 0, 0, 3, 3, 3, 3, 0, 0, 0, 0, 3, 3, 3, 3};
-    const vu8x16 packed = ((__builtin_shuffle(q, low_idx) >> low_shift) & low_mask) |
+    const vu8x16 low = __builtin_shuffle(q, low_idx);
+    const vu8x16 packed = (low & low_mask) | ((low >> 4) & nibble_mask) |
                           (((__builtin_shuffle(q, high_idx) >> 6) & high_keep) << 4);
-    typedef uint16_t vu16x16 __attribute__((vector_size(32)));  // widening in two steps: GCC 12 scalarizes one
-    const vf32x16 values =
-        __builtin_convertvector(__builtin_convertvector(__builtin_convertvector(packed, vu16x16), vi32x16), vf32x16);
+    const vf32x16 values = widen_bytes(packed);
     const float d = GGML_EXT_HALF_TO_FLOAT(b->d), dmin = GGML_EXT_HALF_TO_FLOAT(b->dmin);
     const vf32x16 dl = values * d, ml = values * (-dmin);
     // chunk c belongs to sub-block c / 2
@@ -417,6 +398,45 @@ struct Q6KScales : ChunkScales<GGML_EXT_BLOCK_FORMAT(q6_k, 256)> {
     std::memcpy(&s, b->scales, sizeof s);
     scale = __builtin_convertvector(__builtin_convertvector(__builtin_convertvector(s, vi16x16), vi32x16), vf32x16) *
             GGML_EXT_HALF_TO_FLOAT(b->d);
+    offset = vf32x16{};
+  }
+};
+
+// Q2_K: 16 bytes, scale in the low nibble and min in the high one, one per chunk.
+struct Q2KScales : ChunkScales<GGML_EXT_BLOCK_FORMAT(q2_k, 256)> {
+  void load_block(const block_q2_k* b) {
+    const vu8x16 v = load16(b->scales);
+    scale = widen_bytes(v & 15) * GGML_EXT_HALF_TO_FLOAT(b->d);
+    offset = widen_bytes(v >> 4) * -GGML_EXT_HALF_TO_FLOAT(b->dmin);
+  }
+};
+
+// Q3_K: 16 six-bit scales (minus 32): low nibbles from bytes 0..7, two high bits from bytes 8..11.
+struct Q3KScales : ChunkScales<GGML_EXT_BLOCK_FORMAT(q3_k, 256)> {
+  void load_block(const block_q3_k* b) {
+    const vu8x16 v = load16(b->scales);  // 12 bytes of scales, then the block's d and the next block
+    const vu8x16 low_idx = {0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7};
+    const vu8x16 first_half = {15, 15, 15, 15, 15, 15, 15, 15, 0, 0, 0, 0, 0, 0, 0, 0};
+    const vu8x16 high_idx = {8, 9, 10, 11, 8, 9, 10, 11, 8, 9, 10, 11, 8, 9, 10, 11};
+    const vu8x16 low = __builtin_shuffle(v, low_idx), high = __builtin_shuffle(v, high_idx);
+    const vu8x16 q0 = {3, 3, 3, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};  // high bits at shift 2 * (j / 4)
+    const vu8x16 q1 = __builtin_shuffle(q0, vu8x16{4, 4, 4, 4, 0, 1, 2, 3, 4, 4, 4, 4, 4, 4, 4, 4});
+    const vu8x16 q2 = __builtin_shuffle(q0, vu8x16{4, 4, 4, 4, 4, 4, 4, 4, 0, 1, 2, 3, 4, 4, 4, 4});
+    const vu8x16 q3 = __builtin_shuffle(q0, vu8x16{4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 0, 1, 2, 3});
+    const vu8x16 hbits = (high & q0) | ((high >> 2) & q1) | ((high >> 4) & q2) | ((high >> 6) & q3);
+    const vu8x16 sc = (low & first_half) | ((low >> 4) & ~first_half & 15) | (hbits << 4);
+    scale = (widen_bytes(sc) - 32.0f) * GGML_EXT_HALF_TO_FLOAT(b->d);
+    offset = vf32x16{};
+  }
+};
+
+// IQ4_XS: 8 six-bit scales (minus 32), one per pair of chunks.
+struct IQ4XSScales : ChunkScales<GGML_EXT_BLOCK_FORMAT(iq4_xs, 256)> {
+  void load_block(const block_iq4_xs* b) {
+    const float d = GGML_EXT_HALF_TO_FLOAT(b->d);
+    float sc[16];
+    for (int ib = 0; ib < 8; ++ib) sc[2 * ib] = sc[2 * ib + 1] = d * static_cast<float>(ggml_ext_iq4xs_scale(b, ib));
+    scale = load_vec<vf32x16>(sc);
     offset = vf32x16{};
   }
 };
@@ -437,14 +457,27 @@ template <>
 struct ScalesOf<GGML_EXT_BLOCK_FORMAT(q6_k, 256)> {
   using type = Q6KScales;
 };
+template <>
+struct ScalesOf<GGML_EXT_BLOCK_FORMAT(q2_k, 256)> {
+  using type = Q2KScales;
+};
+template <>
+struct ScalesOf<GGML_EXT_BLOCK_FORMAT(q3_k, 256)> {
+  using type = Q3KScales;
+};
+template <>
+struct ScalesOf<GGML_EXT_BLOCK_FORMAT(iq4_xs, 256)> {
+  using type = IQ4XSScales;
+};
 
 template <int G>
-inline vf32x16 group_lanes(vf32x16 v) {
+inline __attribute__((always_inline)) vf32x16 group_lanes(vf32x16 v) {
   return __builtin_shufflevector(v, v, 4 * G, 4 * G, 4 * G, 4 * G, 4 * G + 1, 4 * G + 1, 4 * G + 1, 4 * G + 1,
                                  4 * G + 2, 4 * G + 2, 4 * G + 2, 4 * G + 2, 4 * G + 3, 4 * G + 3, 4 * G + 3,
                                  4 * G + 3);
 }
 
+#if defined(__AVX512VNNI__) && defined(__AVX512VBMI__)
 // ---------------------------------------------------------------------------------------------------
 // One weight row against a tile of MR activation rows: res[r] = sum_k W[k] x[r0 + r][k].
 // ---------------------------------------------------------------------------------------------------
@@ -514,6 +547,105 @@ struct QuantRowDot {
     return s;
   }
 };
+#endif
+
+#if !(defined(__AVX512VNNI__) && defined(__AVX512VBMI__))
+// Below AVX-512 (AVX2, SSE2, NEON) the same product in 16-element chunks on 16-byte vectors, which GCC keeps
+// in registers on every ISA (its lowering of 64-byte vectors without AVX-512 goes through memory).
+typedef int32_t vi32x4 __attribute__((vector_size(16)));
+typedef float vf32x4 __attribute__((vector_size(16)));
+
+// Signed dot of 16 codes with 16 activation codes, 4 per int32 lane.
+inline __attribute__((always_inline)) vi32x4 dot_chunk(vi8x16 w, const int8_t* q) {
+#if defined(__AVX2__)
+  const __m128i wv = (__m128i)w, qv = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
+  // |w| * (q with w's sign): products of at most 128 * 127, pairs within int16
+  return (vi32x4)_mm_madd_epi16(_mm_maddubs_epi16(_mm_sign_epi8(wv, wv), _mm_sign_epi8(qv, wv)), _mm_set1_epi16(1));
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+  const int8x16_t wv = (int8x16_t)w, qv = vld1q_s8(q);
+#if defined(__ARM_FEATURE_DOTPROD)
+  return (vi32x4)vdotq_s32(vdupq_n_s32(0), wv, qv);
+#else
+  return (vi32x4)vpaddq_s32(vpaddlq_s16(vmull_s8(vget_low_s8(wv), vget_low_s8(qv))),
+                            vpaddlq_s16(vmull_high_s8(wv, qv)));
+#endif
+#else
+  vi32x4 out;
+  for (int l = 0; l < 4; ++l) {
+    int sum = 0;
+    for (int j = 0; j < 4; ++j) sum += static_cast<int>(w[4 * l + j]) * static_cast<int>(q[4 * l + j]);
+    out[l] = sum;
+  }
+  return out;
+#endif
+}
+
+template <class Q, int MR, bool kOffset>
+struct ChunkRowDot {
+  using B = typename Q::B;
+  vf32x4 acc[MR] = {};
+  const ActRecord* tile;
+  const float* tile_sums;
+  const ChunkCodes<Q, kOffset>& codes;
+
+  ChunkRowDot(const QuantizedRows& act, int64_t row0, const ChunkCodes<Q, kOffset>& chunk_codes)
+      : tile(act.rec.data() + act.at(row0, 0)),
+        tile_sums(act.sums.data() + act.at(row0, 0) * kGroupLanes),
+        codes(chunk_codes) {}
+
+  // Chunk c (0..3) of group g: its 16 centered codes, scale and offset.
+  inline __attribute__((always_inline)) void chunk(vi8x16 w, float scale, float offset, int64_t g, int c) {
+    const vf32x4 sw = vf32x4{} + scale;
+    const vf32x4 ow = vf32x4{} + (offset + scale * static_cast<float>(code_center<Q, kOffset>()));
+    const ActRecord* rec = tile + g * kTileRows;
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      const vf32x4 f = __builtin_convertvector(dot_chunk(w, rec[r].q + 16 * c), vf32x4) *
+                       load_vec<vf32x4>(rec[r].d + 4 * c);
+      acc[r] += f * sw;
+      if constexpr (kOffset) acc[r] += ow * load_vec<vf32x4>(tile_sums + (g * kTileRows + r) * kGroupLanes + 4 * c);
+    }
+  }
+
+  template <int G, int C>
+  inline __attribute__((always_inline)) vi8x16 centered(const uint8_t* base) const {
+    return codes.template chunk<G, C>(base) + ChunkCodes<Q, kOffset>::kShift;
+  }
+
+  void run(const uint8_t* row, int64_t n_blocks, float* res) {
+    if constexpr (Q::kQK == 32) {
+      for (int64_t blk = 0; blk < n_blocks; ++blk) {
+        const uint8_t* p = row + blk * sizeof(B);
+        const auto s = Q::scale(reinterpret_cast<const B*>(p), 0);
+        const int64_t g = blk / 2;
+        const int c0 = 2 * static_cast<int>(blk & 1);
+        chunk(centered<0, 0>(p), s.scale, signed_offset(s), g, c0);
+        chunk(centered<0, 1>(p), s.scale, signed_offset(s), g, c0 + 1);
+      }
+    } else {
+      typename ScalesOf<Q>::type sc;
+      for (int64_t blk = 0; blk < n_blocks; ++blk) {
+        const uint8_t* p = row + blk * sizeof(B);
+        sc.load_block(reinterpret_cast<const B*>(p));
+        float scale[16], offset[16];
+        std::memcpy(scale, &sc.scale, sizeof scale);
+        std::memcpy(offset, &sc.offset, sizeof offset);
+        [&]<int... C>(std::integer_sequence<int, C...>) __attribute__((always_inline)) {
+          (chunk(centered<C / 4, C % 4>(p), scale[C], offset[C], blk * 4 + C / 4, C % 4), ...);
+        }(std::make_integer_sequence<int, 16>{});
+      }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) res[r] = (acc[r][0] + acc[r][1]) + (acc[r][2] + acc[r][3]);
+  }
+};
+
+template <class Q, int MR, bool kOffset>
+using RowDot = ChunkRowDot<Q, MR, kOffset>;
+#else
+template <class Q, int MR, bool kOffset>
+using RowDot = QuantRowDot<Q, MR, kOffset>;
+#endif
 
 // Float weights: rows of x in float32, padded to whole rows of the tile.
 template <class WFmt, int MR>
@@ -600,7 +732,7 @@ void forward_quantized(const MatmulArgs& a) {
   const GroupCodes<Q, kOffset> codes;
   forward_tiles(a, row_bytes, [&](int64_t n, int64_t m0, int64_t rows, float* res) {
     with_tile(rows,
-              [&]<int MR>() { QuantRowDot<Q, MR, kOffset>(act, m0, codes).run(w + n * row_bytes, n_blocks, res); });
+              [&]<int MR>() { RowDot<Q, MR, kOffset>(act, m0, codes).run(w + n * row_bytes, n_blocks, res); });
   });
 }
 
