@@ -24,3 +24,7 @@ target_include_directories(_ext PRIVATE ${PROJECT_SOURCE_DIR}/csrc/backend/cuda/
 # The extension registers its kernels with its own (static) CUDA runtime; MLX links
 # its runtime statically too, so eval_gpu hands MLX driver-level CUfunction handles.
 target_link_libraries(_ext PRIVATE CUDA::cudart_static)
+string(REPLACE ";" "," _cuda_archs "${CMAKE_CUDA_ARCHITECTURES}")
+target_compile_definitions(_ext PRIVATE MLX_GGML_EXT_CUDA_ARCHITECTURES="${_cuda_archs}")
+# ggml rounds d*q before adding the offset: no fused multiply-add in the decoders (bit-identity with gguf).
+set_source_files_properties(${PROJECT_SOURCE_DIR}/kernels/cuda/dequantize.cu PROPERTIES COMPILE_OPTIONS "-fmad=false")
