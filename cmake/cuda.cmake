@@ -2,11 +2,13 @@
 # MLX's CUDA headers need a fmt the wheels do not ship); the eval_gpu glue in
 # csrc/backend/cuda/*.cpp includes MLX's CUDA headers, with csrc/backend/cuda/shim
 # supplying the minimal fmt/format.h they include.
-enable_language(CUDA)
-find_package(CUDAToolkit REQUIRED)
-if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES OR CMAKE_CUDA_ARCHITECTURES STREQUAL "52")
+# Ampere and Hopper (each with its PTX, so newer GPUs JIT them) unless the build names its own; set before
+# enable_language, which would otherwise pick nvcc's default (sm_75 for CUDA 13).
+if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES AND NOT DEFINED ENV{CUDAARCHS})
   set(CMAKE_CUDA_ARCHITECTURES "80;90")
 endif()
+enable_language(CUDA)
+find_package(CUDAToolkit REQUIRED)
 set_property(TARGET _ext PROPERTY CUDA_ARCHITECTURES ${CMAKE_CUDA_ARCHITECTURES})
 
 file(GLOB CUDA_KERNEL_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/kernels/cuda/*.cu)

@@ -2,24 +2,12 @@
 // kernels/common/ggml_blocks.h, so the layouts live in one place. This file is compiled with -fmad=false:
 // ggml rounds d*q and then adds or subtracts the offset, and a fused multiply-add would round once, breaking
 // bit-identity with gguf.
-#include "kernels/common/ggml_blocks.h"
-#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/weights.cuh"
 
 namespace ggml_ext::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-
-#define GGML_EXT_CUDA_DECODER(NAME, name, id, qk, bytes)                         \
-  struct Decoder_##name {                                                        \
-    using Block = block_##name;                                                  \
-    static constexpr int kChunks = (qk) / 16;                                    \
-    __device__ static void chunk(const Block* b, int c, float (&y)[16]) {        \
-      ggml_ext_dequant16_##name(b, c, y);                                        \
-    }                                                                            \
-  };
-GGML_EXT_FOR_EACH_QUANT_TYPE(GGML_EXT_CUDA_DECODER)
-#undef GGML_EXT_CUDA_DECODER
 
 template <typename Decoder, typename Out>
 __global__ void __launch_bounds__(kThreads) dequantize_blocks_kernel(DequantizeArgs a) {
@@ -27,7 +15,7 @@ __global__ void __launch_bounds__(kThreads) dequantize_blocks_kernel(DequantizeA
   if (chunk >= a.n_blocks * Decoder::kChunks) return;
   const auto* block = static_cast<const typename Decoder::Block*>(a.blocks) + chunk / Decoder::kChunks;
   float v[16];
-  Decoder::chunk(block, static_cast<int>(chunk % Decoder::kChunks), v);
+  Decoder::block_chunk(block, static_cast<int>(chunk % Decoder::kChunks), v);
   Out* y = static_cast<Out*>(a.y) + chunk * 16;
   // Four stores of four: 16-byte aligned for float32 output (allocator buffers are).
 #pragma unroll
@@ -37,45 +25,31 @@ __global__ void __launch_bounds__(kThreads) dequantize_blocks_kernel(DequantizeA
   }
 }
 
-// F32/F16/BF16 storage: kPack elements per thread (the tail one at a time).
-struct FromF32 {
-  using Raw = uint32_t;
-  __device__ static float value(uint32_t r) { return __uint_as_float(r); }
-};
-struct FromF16 {
-  using Raw = uint16_t;
-  __device__ static float value(uint16_t r) { return __half2float(__ushort_as_half(r)); }
-};
-struct FromBF16 {
-  using Raw = uint16_t;
-  __device__ static float value(uint16_t r) { return __uint_as_float(static_cast<uint32_t>(r) << 16); }
-};
-
-template <typename From, typename Out, bool kVector>
+// F32/F16/BF16 storage: four elements per thread (the tail one at a time).
+template <typename Raw, float (*kValue)(Raw), typename Out, bool kVector>
 __global__ void __launch_bounds__(kThreads) convert_kernel(DequantizeArgs a) {
   constexpr int kPack = 4;
   const int64_t first = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kPack;
   if (first >= a.n_blocks) return;
-  const auto* in = static_cast<const typename From::Raw*>(a.blocks) + first;
+  const auto* in = static_cast<const Raw*>(a.blocks) + first;
   Out* y = static_cast<Out*>(a.y) + first;
   if (kVector && first + kPack <= a.n_blocks) {
-    typename From::Raw raw[kPack];
-    using W = typename Word<kPack * sizeof(typename From::Raw)>::type;
+    Raw raw[kPack];
+    using W = typename Word<kPack * sizeof(Raw)>::type;
     *reinterpret_cast<W*>(raw) = *reinterpret_cast<const W*>(in);
     float v[kPack];
 #pragma unroll
-    for (int j = 0; j < kPack; ++j) v[j] = From::value(raw[j]);
+    for (int j = 0; j < kPack; ++j) v[j] = kValue(raw[j]);
     store(y, v);
   } else {
-    for (int64_t j = 0; first + j < a.n_blocks; ++j) y[j] = from_float<Out>(From::value(in[j]));
+    for (int64_t j = 0; first + j < a.n_blocks; ++j) y[j] = from_float<Out>(kValue(in[j]));
   }
 }
 
-template <typename From, typename Out>
+template <typename Raw, float (*kValue)(Raw), typename Out>
 const void* convert_kernel_for(const DequantizeArgs& a) {
-  return aligned(a.blocks, 4 * sizeof(typename From::Raw))
-             ? reinterpret_cast<const void*>(&convert_kernel<From, Out, true>)
-             : reinterpret_cast<const void*>(&convert_kernel<From, Out, false>);
+  return aligned(a.blocks, 4 * sizeof(Raw)) ? reinterpret_cast<const void*>(&convert_kernel<Raw, kValue, Out, true>)
+                                            : reinterpret_cast<const void*>(&convert_kernel<Raw, kValue, Out, false>);
 }
 
 template <typename Out>
@@ -85,19 +59,19 @@ KernelLaunch dequantize_launch_typed(const DequantizeArgs& a, int type) {
   switch (type) {
 #define GGML_EXT_CUDA_QUANT_CASE(NAME, name, id, qk, bytes)                                         \
   case GGML_EXT_TYPE_##NAME:                                                                       \
-    l.kernel = reinterpret_cast<const void*>(&dequantize_blocks_kernel<Decoder_##name, Out>);      \
-    l.grid = dim3(ceil_div(a.n_blocks * Decoder_##name::kChunks, kThreads));                       \
+    l.kernel = reinterpret_cast<const void*>(&dequantize_blocks_kernel<Weights_##name, Out>);      \
+    l.grid = dim3(ceil_div(a.n_blocks * Weights_##name::kChunks, kThreads));                       \
     return l;
     GGML_EXT_FOR_EACH_QUANT_TYPE(GGML_EXT_CUDA_QUANT_CASE)
 #undef GGML_EXT_CUDA_QUANT_CASE
     case GGML_EXT_TYPE_F32:
-      l.kernel = convert_kernel_for<FromF32, Out>(a);
+      l.kernel = convert_kernel_for<uint32_t, f32_bits_value, Out>(a);
       break;
     case GGML_EXT_TYPE_F16:
-      l.kernel = convert_kernel_for<FromF16, Out>(a);
+      l.kernel = convert_kernel_for<uint16_t, f16_bits_value, Out>(a);
       break;
     case GGML_EXT_TYPE_BF16:
-      l.kernel = convert_kernel_for<FromBF16, Out>(a);
+      l.kernel = convert_kernel_for<uint16_t, bf16_bits_value, Out>(a);
       break;
     default:
       return {};

@@ -64,4 +64,27 @@ struct DequantizeArgs {
 // kernel == nullptr for a type id the kernels do not know.
 KernelLaunch dequantize_launch(const DequantizeArgs& args, int ggml_type, FloatType out_type);
 
+// The product of x with a weight of ggml blocks (csrc/quantized_matmul.h): per batch z of x (z = b3 * B2 + b2),
+// the weight batch (b3 / ratio3) * A2 + b2 / ratio2, N rows of row_bytes bytes holding K elements each.
+//   forward:    x (M, K) -> y (M, N), y[m, n] = sum_k x[m, k] * W[n, k]
+//   transposed: x (M, N) -> y (M, K), y[m, k] = sum_n x[m, n] * W[n, k]
+// x has `x_type`; y has x's type, or float32 when out_f32.
+struct QuantizedMatmulArgs {
+  const void* x;
+  const void* w;
+  void* y;
+  int64_t m;
+  int64_t n;
+  int64_t k;
+  int64_t row_bytes;
+  int64_t batches;  // B3 * B2
+  int64_t b2;
+  int64_t a2;
+  int64_t ratio2;
+  int64_t ratio3;
+  bool out_f32;
+};
+// kernel == nullptr for a type id the kernels do not know.
+KernelLaunch quantized_matmul_launch(const QuantizedMatmulArgs& args, int ggml_type, FloatType x_type, bool transpose);
+
 }  // namespace ggml_ext::cuda
