@@ -15,7 +15,7 @@ import mlx.core as mx
 import numpy as np
 
 from common import emit, header, interleaved, timed
-from mlx_ggml_ext import GGMLType, ops
+from mlx_ggml_ext import GGMLType, ops, reference
 
 OUTPUT_ENV = "MLX_GGML_EXT_CUDA_OUTPUT"
 
@@ -142,19 +142,8 @@ def bench_rope(args, copy_gbs):
 
 
 def random_blocks(t, rows, k, rng):
-    """Random bytes with every float16 scale field in [-1, 1] (finite values, like real weights)."""
-    from mlx_ggml_ext import reference
-    data = rng.integers(0, 256, (rows, t.row_bytes(k)), dtype=np.uint8)
-    if t.is_float:
-        return mx.array(rng.standard_normal((rows, k)).astype(np.float32)).astype(
-            {GGMLType.F32: mx.float32, GGMLType.F16: mx.float16, GGMLType.BF16: mx.bfloat16}[t]).view(mx.uint8)
-    blocks = data.reshape(-1, t.type_size)
-    halves = rng.uniform(-1, 1, blocks.shape[0]).astype(np.float16).view(np.uint8).reshape(-1, 2)
-    for off in reference.SCALE_FIELDS.get(t.name, ()):
-        blocks[:, off:off + 2] = halves
-    if t == GGMLType.MXFP4:
-        blocks[:, 0] = rng.integers(120, 130, blocks.shape[0])
-    return mx.array(data)
+    """Random blocks with finite scales (like real weights), as an mx.array of bytes."""
+    return mx.array(reference.random_blocks(rng, t.name, rows, k))
 
 
 def bench_dequantize(args, copy_gbs):

@@ -89,6 +89,17 @@ __device__ __forceinline__ float block_sum(float v) {
   return warp_sum(v);
 }
 
+// The block's dynamic shared memory (KernelLaunch::shared_bytes of it).
+template <typename T>
+__device__ __forceinline__ T* dynamic_shared_memory() {
+#if defined(GGML_EXT_CUDA_EMULATION)
+  return reinterpret_cast<T*>(ggml_ext_emulated_dynamic_shared());
+#else
+  extern __shared__ __align__(16) unsigned char dynamic_shared[];
+  return reinterpret_cast<T*>(dynamic_shared);
+#endif
+}
+
 __host__ __device__ inline bool aligned(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 inline unsigned ceil_div(int64_t a, int64_t b) { return static_cast<unsigned>((a + b - 1) / b); }

@@ -4,19 +4,19 @@
 //  - tiles (prefill, and the transposed product of the vjp): 64x64 outputs per block, the weight decoded
 //    32 reduction steps at a time into shared memory in x's type, then tensor cores (WMMA, float32
 //    accumulation) for float16/bfloat16 x, or float32 FMAs for float32 x (no precision lost to the inputs).
-#include <mma.h>
-
 #include "kernels/cuda/weights.cuh"
+
+// Tensor cores (WMMA, bfloat16 included) under nvcc for sm_80 and newer; elsewhere (an older target a build
+// asks for, the host emulation of tests/cuda_emulation) the tiles multiply with float32 FMAs.
+#if defined(__CUDACC__) && (!defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800)
+#define GGML_EXT_CUDA_WMMA 1
+#include <mma.h>
+#else
+#define GGML_EXT_CUDA_WMMA 0
+#endif
 
 namespace ggml_ext::cuda {
 namespace {
-
-// bfloat16 WMMA needs sm_80; an older target (only when a build asks for one) multiplies with FMAs.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-constexpr bool kHaveWmma = false;
-#else
-constexpr bool kHaveWmma = true;
-#endif
 
 constexpr int kDecodeRows = 8;  // warps per block, one weight row each
 constexpr int kDecodeMaxM = 8;
@@ -84,11 +84,97 @@ __global__ void __launch_bounds__(kDecodeRows * 32) decode_kernel(QuantizedMatmu
   }
 }
 
+template <typename T>
+using XTile = T[kTileM][kTileReduce + kPadX];
+template <typename T>
+using WTile = T[kTileReduce][kTileOut + kPadW];  // the weight as (reduction, output)
+
+// The 64x64 float32 accumulators of a tile, with the multiply of one (x, weight) pair of shared tiles.
+// FMAs: each thread owns 8 rows x 4 outputs.
+template <typename T>
+struct FmaAccumulators {
+  float acc[8][4] = {};
+  __device__ int row() const { return (threadIdx.x / 16) * 8; }
+  __device__ int col() const { return (threadIdx.x % 16) * 4; }
+  __device__ void multiply(const XTile<T>& xs, const WTile<T>& ws) {
+#pragma unroll 8
+    for (int r = 0; r < kTileReduce; ++r) {
+      float xv[8], wv[4];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) xv[i] = to_float(xs[row() + i][r]);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) wv[j] = to_float(ws[r][col() + j]);
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] += xv[i] * wv[j];
+    }
+  }
+  // out(i, j, value) for the tile's row i and output j.
+  template <typename Out>
+  __device__ void store(Out&& out) const {
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) out(row() + i, col() + j, acc[i][j]);
+  }
+};
+
+#if GGML_EXT_CUDA_WMMA
+// Tensor cores: 2x2 warps, each 2x2 fragments of 16x16.
+template <typename T>
+struct WmmaAccumulators {
+  nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> acc[2][2];
+  __device__ int warp_row() const { return (threadIdx.x / 32 / 2) * 32; }
+  __device__ int warp_col() const { return (threadIdx.x / 32 % 2) * 32; }
+  __device__ WmmaAccumulators() {
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) nvcuda::wmma::fill_fragment(acc[i][j], 0.0f);
+  }
+  __device__ void multiply(const XTile<T>& xs, const WTile<T>& ws) {
+    namespace wmma = nvcuda::wmma;
+#pragma unroll
+    for (int kk = 0; kk < kTileReduce; kk += 16) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa[2];
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> fb[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(fa[i], &xs[warp_row() + 16 * i][kk], kTileReduce + kPadX);
+#pragma unroll
+      for (int j = 0; j < 2; ++j) wmma::load_matrix_sync(fb[j], &ws[kk][warp_col() + 16 * j], kTileOut + kPadW);
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+    }
+  }
+  // Through shared memory: fragments have no documented element layout. Called by the whole block.
+  template <typename Out>
+  __device__ void store(Out&& out) const {
+    __shared__ __align__(128) float tile[kTileM][kTileOut + kPadOut];
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+        nvcuda::wmma::store_matrix_sync(&tile[warp_row() + 16 * i][warp_col() + 16 * j], acc[i][j],
+                                        kTileOut + kPadOut, nvcuda::wmma::mem_row_major);
+    __syncthreads();
+    for (int e = threadIdx.x; e < kTileM * kTileOut; e += kTileThreads) out(e / kTileOut, e % kTileOut, tile[e / kTileOut][e % kTileOut]);
+  }
+};
+template <typename T>
+using Accumulators = std::conditional_t<std::is_same_v<T, float>, FmaAccumulators<T>, WmmaAccumulators<T>>;
+#else
+template <typename T>
+using Accumulators = FmaAccumulators<T>;
+#endif
+
 // Output tile (kTileM rows of x) x (kTileOut outputs); the reduction runs over k (forward) or n (transposed).
 template <typename Weights, typename T, bool kTranspose>
 __global__ void __launch_bounds__(kTileThreads) tiled_kernel(QuantizedMatmulArgs a) {
-  __shared__ __align__(128) T xs[kTileM][kTileReduce + kPadX];
-  __shared__ __align__(128) T ws[kTileReduce][kTileOut + kPadW];  // the weight as (reduction, output)
+  __shared__ __align__(128) XTile<T> xs;
+  __shared__ __align__(128) WTile<T> ws;
   const int t = threadIdx.x;
   const int64_t z = blockIdx.z;
   const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kTileM;
@@ -98,20 +184,7 @@ __global__ void __launch_bounds__(kTileThreads) tiled_kernel(QuantizedMatmulArgs
   const T* x = static_cast<const T*>(a.x) + z * a.m * reduce;
   const uint8_t* w = static_cast<const uint8_t*>(a.w) + weight_batch(a, z) * a.n * a.row_bytes;
 
-  constexpr bool kTensorCores = kHaveWmma && !std::is_same_v<T, float>;
-  const int warp = t / 32;
-  const int warp_row = (warp / 2) * 32, warp_col = (warp % 2) * 32;  // WMMA: 2x2 warps of 32x32
-  const int thread_row = (t / 16) * 8, thread_col = (t % 16) * 4;    // FMA: 8x4 outputs per thread
-  using Accumulator = nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float>;
-  Accumulator tc_acc[2][2];
-  float fma_acc[8][4] = {};
-  if constexpr (kTensorCores) {
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-#pragma unroll
-      for (int j = 0; j < 2; ++j) nvcuda::wmma::fill_fragment(tc_acc[i][j], 0.0f);
-  }
-
+  Accumulators<T> acc;
   for (int64_t r0 = 0; r0 < reduce; r0 += kTileReduce) {
     {  // x tile: thread t fills 16 elements of row t / 2
       const int i = t / 2, j0 = 16 * (t % 2);
@@ -145,60 +218,12 @@ __global__ void __launch_bounds__(kTileThreads) tiled_kernel(QuantizedMatmulArgs
       }
     }
     __syncthreads();
-    if constexpr (kTensorCores) {
-      namespace wmma = nvcuda::wmma;
-#pragma unroll
-      for (int kk = 0; kk < kTileReduce; kk += 16) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa[2];
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> fb[2];
-#pragma unroll
-        for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(fa[i], &xs[warp_row + 16 * i][kk], kTileReduce + kPadX);
-#pragma unroll
-        for (int j = 0; j < 2; ++j) wmma::load_matrix_sync(fb[j], &ws[kk][warp_col + 16 * j], kTileOut + kPadW);
-#pragma unroll
-        for (int i = 0; i < 2; ++i)
-#pragma unroll
-          for (int j = 0; j < 2; ++j) wmma::mma_sync(tc_acc[i][j], fa[i], fb[j], tc_acc[i][j]);
-      }
-    } else {
-#pragma unroll 8
-      for (int r = 0; r < kTileReduce; ++r) {
-        float xv[8], wv[4];
-#pragma unroll
-        for (int i = 0; i < 8; ++i) xv[i] = to_float(xs[thread_row + i][r]);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) wv[j] = to_float(ws[r][thread_col + j]);
-#pragma unroll
-        for (int i = 0; i < 8; ++i)
-#pragma unroll
-          for (int j = 0; j < 4; ++j) fma_acc[i][j] += xv[i] * wv[j];
-      }
-    }
+    acc.multiply(xs, ws);
     __syncthreads();
   }
-
-  if constexpr (kTensorCores) {
-    __shared__ __align__(128) float out_tile[kTileM][kTileOut + kPadOut];
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-#pragma unroll
-      for (int j = 0; j < 2; ++j)
-        nvcuda::wmma::store_matrix_sync(&out_tile[warp_row + 16 * i][warp_col + 16 * j], tc_acc[i][j],
-                                        kTileOut + kPadOut, nvcuda::wmma::mem_row_major);
-    __syncthreads();
-    for (int e = t; e < kTileM * kTileOut; e += kTileThreads) {
-      const int i = e / kTileOut, j = e % kTileOut;
-      if (m0 + i < a.m && o0 + j < outs) store_output<T>(a, (z * a.m + m0 + i) * outs + o0 + j, out_tile[i][j]);
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < 8; ++i)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int64_t m = m0 + thread_row + i, o = o0 + thread_col + j;
-        if (m < a.m && o < outs) store_output<T>(a, (z * a.m + m) * outs + o, fma_acc[i][j]);
-      }
-  }
+  acc.store([&](int i, int j, float v) {
+    if (m0 + i < a.m && o0 + j < outs) store_output<T>(a, (z * a.m + m0 + i) * outs + o0 + j, v);
+  });
 }
 
 template <typename T, typename Weights>

@@ -11,10 +11,9 @@ constexpr int kThreads = 256;
 // kPairs rotated pairs per step: 4 when rows and pointers allow vector access, else 1.
 template <typename T, bool kNeox, int kPairs>
 __global__ void __launch_bounds__(kThreads) rope_kernel(RopeArgs a) {
-  extern __shared__ float table[];  // cos[half], then sin[half]
   const int64_t half = a.n_dims / 2;
-  float* cos_tab = table;
-  float* sin_tab = table + half;
+  float* cos_tab = dynamic_shared_memory<float>();  // cos[half], then sin[half]
+  float* sin_tab = cos_tab + half;
   const int64_t bt = blockIdx.x;  // batch * tokens + token
   const int64_t batch = bt / a.tokens, token = bt % a.tokens;
 
