@@ -1,0 +1,735 @@
+// Products with a weight stored as ggml blocks, on the blocks.
+//
+// Forward, quantized weight: each row of x is quantized to int8 per 32 elements (scale amax / 127, as ggml's
+// Q8_0), and each weight row is decoded 64 elements at a time (four 16-element chunks, through the shared
+// layouts of kernels/common/ggml_blocks.h) into int8 codes plus one float scale and offset per chunk. The
+// integer dot products of 4 consecutive elements land in one int32 lane, which is then scaled by the
+// activation's and the chunk's scales in float32:
+//     sum_j w_j x_j = sum_lanes s_w * d_x * (sum_4 code_j q_j) + o_w * (sum_4 x_j)
+// (o_w: the chunk's offset, for Q4_1, Q5_1, Q2_K, Q4_K, Q5_K; the activation sums are exact float sums).
+// The per-lane integer dot is one VNNI instruction on AVX-512 (codes offset by 128 to be unsigned, with the
+// 128 * sum(q) it adds taken off in advance), maddubs/madd on AVX2, sdot or widening multiplies on NEON.
+// Rows of x are taken in tiles of up to 8, so each weight group is decoded once per tile: decode (M <= 8)
+// streams the weight once with every thread; prefill tiles M by 8 and keeps a slice of weight rows in L2.
+//
+// Float weights (F32/F16/BF16) and the transposed product (x's gradient) use float32 arithmetic on the
+// decoded values: the transposed product decodes each block once and adds it, scaled, into a strip of the
+// output that stays in cache.
+#include "kernels/cpu/matmul.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <utility>
+#include <vector>
+
+#include "kernels/cpu/block_codes.h"
+#include "kernels/cpu/parallel.h"
+#include "kernels/cpu/simd.h"
+
+namespace ggml_ext::cpu {
+namespace GGML_EXT_ISA {
+namespace {
+
+typedef int8_t vi8x64 __attribute__((vector_size(64)));
+
+constexpr int kGroup = 64;         // weight elements per step: four 16-element chunks
+constexpr int kGroupLanes = 16;    // int32 lanes per step, 4 elements each
+constexpr int kActBlock = 32;      // elements per activation scale
+constexpr int kTileRows = 8;       // rows of x per weight pass
+constexpr int64_t kL2WeightBytes = 192 << 10;  // weight rows kept in cache across the row tiles of x
+
+template <class V>
+inline V load_vec(const void* p) {
+  V v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// How a weight group meets the activations. With VNNI (one instruction: unsigned bytes times signed bytes,
+// summed per 4 into int32 lanes) the weight side is unsigned, U = code + zc for a per-type constant zc, and
+// every activation lane starts from -zc * (the sum of its 4 codes), so dpbusd(start, U, q) = sum code * q.
+// Elsewhere the weight side is the signed code and the dot is signed times signed.
+// ---------------------------------------------------------------------------------------------------
+#if defined(__AVX512VNNI__) && defined(__AVX512VBMI__)
+constexpr bool kUnsignedWeights = true;
+#else
+constexpr bool kUnsignedWeights = false;
+#endif
+
+// Formats with an offset (d * q + m; kOffset) have their unsigned codes centered, d * (q - c) + (m + d * c):
+// the activation's rounding errors then cancel instead of adding up (about 3.6 times less error for 4 bits).
+template <class Q, bool kOffset>
+constexpr int code_center() {
+  if (!kOffset) return 0;
+  const ggml_ext_layout16 l = Q::layout(0);
+  return (l.lo_mask + 1) * (l.hi_word ? 2 : l.hi_mask + 1) / 2;
+}
+
+// zc: the unsigned weight byte is code + zc (the format's own unsigned part where it has one).
+template <class Q, bool kOffset>
+constexpr int weight_zero() {
+  const ggml_ext_layout16 l = Q::layout(0);
+  if (l.lo_signed || l.codebook != GGML_EXT_CODEBOOK_NONE) return 128;
+  return l.zero + code_center<Q, kOffset>();
+}
+
+// Whether a format adds a per-chunk offset (Q4_1, Q5_1, Q2_K, Q4_K, Q5_K): asked of its scale function.
+template <class Q>
+bool has_offset() {
+  typename Q::B probe{};
+  return Q::scale(&probe, 0).offset_op != 0;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Activations: rows of x quantized per 32 elements. Stored in tiles of kTileRows rows, group-major, so that a
+// tile's data for one weight group is contiguous: per (tile, group, row) a record of the 64 codes, per lane
+// of 4 elements the lane's activation scale and its VNNI start (-zc * sum of its codes); and apart, per
+// lane, the exact float sum of its 4 x values (used by formats with offsets).
+// ---------------------------------------------------------------------------------------------------
+struct ActRecord {
+  int8_t q[kGroup];
+  int32_t start[kGroupLanes];
+  float d[kGroupLanes];
+};
+
+struct QuantizedRows {
+  int64_t groups = 0;
+  int zc = 0;
+  std::vector<ActRecord> rec;
+  std::vector<float> sums;  // kGroupLanes per record
+
+  void resize(int64_t padded_rows, int64_t n_groups, int weight_zero) {
+    groups = n_groups;
+    zc = weight_zero;
+    rec.assign(padded_rows * groups, ActRecord{});  // zeros: padding rows and the tail of the last group
+    sums.assign(padded_rows * groups * kGroupLanes, 0.0f);
+  }
+  // Record index of (row, group): tiles of kTileRows rows, group-major inside a tile.
+  int64_t at(int64_t row, int64_t group) const {
+    return (row / kTileRows * groups + group) * kTileRows + row % kTileRows;
+  }
+};
+
+template <class Fmt>
+void quantize_activation_row(const typename Fmt::T* x, int64_t K, QuantizedRows& a, int64_t row) {
+  for (int64_t k0 = 0; k0 < K; k0 += kActBlock) {
+    float v[kActBlock];
+    float amax = 0.0f;
+    for (int j = 0; j < kActBlock; ++j) {
+      v[j] = k0 + j < K ? Fmt::to_f32(x[k0 + j]) : 0.0f;
+      const float m = std::fabs(v[j]);
+      amax = (m > amax || m != m) ? m : amax;  // a NaN stays the maximum, so the row's result is NaN
+    }
+    const float scale = amax / 127.0f;
+    const float inv = scale != 0.0f && std::isfinite(scale) ? 1.0f / scale : 0.0f;
+    const int64_t i = a.at(row, k0 / kGroup), part = k0 % kGroup;
+    ActRecord& r = a.rec[i];
+    for (int j = 0; j < kActBlock; ++j) r.q[part + j] = static_cast<int8_t>(std::nearbyint(v[j] * inv));
+    float* sums = a.sums.data() + i * kGroupLanes + part / 4;
+    for (int l = 0; l < kActBlock / 4; ++l) {
+      const int8_t* q = r.q + part + 4 * l;
+      r.start[part / 4 + l] = -a.zc * (q[0] + q[1] + q[2] + q[3]);
+      r.d[part / 4 + l] = scale;
+      sums[l] = (v[4 * l] + v[4 * l + 1]) + (v[4 * l + 2] + v[4 * l + 3]);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// The integer dot of 64 weight bytes with a record's 64 activation codes, 4 elements per int32 lane.
+// ---------------------------------------------------------------------------------------------------
+inline __attribute__((always_inline)) vi32x16 dot_lanes(vi8x64 w, const ActRecord& r) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VBMI__)
+  return (vi32x16)_mm512_dpbusd_epi32(_mm512_loadu_si512(r.start), (__m512i)w, _mm512_loadu_si512(r.q));
+#elif defined(__AVX2__)
+  typedef int8_t vi8x32 __attribute__((vector_size(32)));
+  typedef int32_t vi32x8 __attribute__((vector_size(32)));
+  const __m256i ones = _mm256_set1_epi16(1);
+  auto half = [&](vi8x32 wh, const int8_t* qh) {
+    const __m256i wv = (__m256i)wh, qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh));
+    // |w| * (q with w's sign): products of at most 128 * 127, pairs within int16
+    return (vi32x8)_mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(qv, wv)),
+                                     ones);
+  };
+  const vi8x32 lo = __builtin_shufflevector(w, w, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18,
+                                            19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31);
+  const vi8x32 hi = __builtin_shufflevector(w, w, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47,
+                                            48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63);
+  const vi32x8 a = half(lo, r.q), b = half(hi, r.q + 32);
+  return __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+  int32x4_t parts[4];
+  for (int i = 0; i < 4; ++i) {
+    const int8x16_t wv = vld1q_s8(reinterpret_cast<const int8_t*>(&w) + 16 * i), qv = vld1q_s8(r.q + 16 * i);
+#if defined(__ARM_FEATURE_DOTPROD)
+    parts[i] = vdotq_s32(vdupq_n_s32(0), wv, qv);
+#else
+    const int32x4_t pairs_lo = vpaddlq_s16(vmull_s8(vget_low_s8(wv), vget_low_s8(qv)));
+    const int32x4_t pairs_hi = vpaddlq_s16(vmull_high_s8(wv, qv));
+    parts[i] = vpaddq_s32(pairs_lo, pairs_hi);
+#endif
+  }
+  return load_vec<vi32x16>(parts);
+#else
+  vi32x16 out;
+  for (int l = 0; l < kGroupLanes; ++l) {
+    int sum = 0;
+    for (int j = 0; j < 4; ++j) sum += static_cast<int>(w[4 * l + j]) * static_cast<int>(r.q[4 * l + j]);
+    out[l] = sum;
+  }
+  return out;
+#endif
+}
+
+inline vi8x64 concat_chunks(vi8x16 a, vi8x16 b, vi8x16 c, vi8x16 d) {
+  typedef int8_t vi8x32 __attribute__((vector_size(32)));
+  const vi8x32 ab = __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18,
+                                            19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31);
+  const vi8x32 cd = __builtin_shufflevector(c, d, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18,
+                                            19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31);
+  return __builtin_shufflevector(ab, cd, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20,
+                                 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41,
+                                 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62,
+                                 63);
+}
+
+// Four chunk values as 16 lanes, each repeated over its chunk's 4 lanes.
+inline vf32x16 chunk_lanes(float a, float b, float c, float d) {
+  return vf32x16{a, a, a, a, b, b, b, b, c, c, c, c, d, d, d, d};
+}
+
+// The signed offset a chunk adds per unit of x (0 for formats without one).
+inline float signed_offset(const ggml_ext_scale16& s) {
+  return s.offset_op == 0 ? 0.0f : s.offset_op > 0 ? s.offset : -s.offset;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Weight groups. A group is 64 consecutive elements of a row: chunks 4G..4G+3 of a 256-element block, or
+// chunks 0, 1 of two consecutive 32-element blocks (G = 0). Its weights are the 64 codes (unsigned or
+// signed, see above) and per lane the chunk's scale and offset.
+// ---------------------------------------------------------------------------------------------------
+struct GroupWeights {
+  vi8x64 codes;
+  vf32x16 scale, offset;
+};
+
+// The chunk layout of chunk c (0..3) of group G, with its byte offsets counted from the group's first block.
+template <class Q>
+constexpr ggml_ext_layout16 group_chunk_layout(int G, int c) {
+  if (Q::kQK == 32) {
+    ggml_ext_layout16 l = Q::layout(c & 1);
+    const int block_offset = static_cast<int>(sizeof(typename Q::B)) * (c >> 1);
+    l.lo += block_offset;
+    l.hi += block_offset;
+    return l;
+  }
+  return Q::layout(4 * G + c);
+}
+
+// Portable codes: four 16-element chunks through the shared decoder.
+template <class Q, bool kOffset>
+struct ChunkCodes {
+  static constexpr int8_t kShift = static_cast<int8_t>(
+      kUnsignedWeights ? weight_zero<Q, kOffset>() - code_center<Q, kOffset>() : -code_center<Q, kOffset>());
+  vi8x16 table = codebook_table(Q::layout(0).codebook);
+
+  template <int G>
+  inline __attribute__((always_inline)) vi8x64 decode(const uint8_t* base, bool second_block = true) const {
+    auto chunk = [&](int c) { return codes16(base, group_chunk_layout<Q>(G, c), table); };
+    const vi8x64 codes = concat_chunks(chunk(0), chunk(1), second_block ? chunk(2) : vi8x16{},
+                                       second_block ? chunk(3) : vi8x16{});
+    return codes + kShift;
+  }
+};
+
+#if defined(__AVX512VNNI__) && defined(__AVX512VBMI__)
+// AVX-512 VBMI: the group's bytes are gathered by one or two byte permutes from windows of the block, shifted
+// per chunk and masked, all 64 at once, giving the unsigned weight bytes. The permute indices and shift
+// counts come from the shared layouts, computed once per type and group position.
+struct GroupPlan {
+  alignas(64) uint8_t lo_idx[64];
+  alignas(64) uint16_t lo_shift[32];
+  alignas(64) uint8_t hi_idx[64];
+  alignas(64) uint16_t hi_shift[32];
+  alignas(64) uint8_t hi_bit[64];  // hi_word formats: the bit of the gathered byte that holds each element's
+  int lo_off, hi_off;              // window starts (bytes from the group's first block)
+  uint64_t lo_load, lo_load2, hi_load;  // window byte masks: loads never touch bytes past the group's blocks
+  bool lo_two;                     // the low window spans two registers
+  uint8_t lo_mask, hi_mask, hi_pos;
+  bool hi_word, has_hi, lo_signed;
+  int codebook;
+  int8_t sub;  // what takes the format's unsigned part to code + zc (the centering)
+};
+
+template <class Q, bool kOffset>
+constexpr GroupPlan make_group_plan(int G) {
+  GroupPlan p{};
+  const int group_bytes = static_cast<int>(sizeof(typename Q::B)) * (Q::kQK == 32 ? 2 : 1);
+  auto window = [&](auto offset_of, int& start, uint64_t& mask, uint64_t* mask2) {
+    int lo = 1 << 30, hi = 0;
+    for (int c = 0; c < 4; ++c) {
+      lo = std::min(lo, offset_of(group_chunk_layout<Q>(G, c)));
+      hi = std::max(hi, offset_of(group_chunk_layout<Q>(G, c)) + 16);
+    }
+    start = lo;
+    const int len = std::min(hi, group_bytes) - lo;
+    mask = len >= 64 ? ~uint64_t(0) : (uint64_t(1) << len) - 1;
+    if (mask2) *mask2 = len <= 64 ? 0 : len >= 128 ? ~uint64_t(0) : (uint64_t(1) << (len - 64)) - 1;
+    return len;
+  };
+  const ggml_ext_layout16 l0 = group_chunk_layout<Q>(G, 0);
+  p.lo_two = window([](const ggml_ext_layout16& l) { return l.lo; }, p.lo_off, p.lo_load, &p.lo_load2) > 64;
+  p.has_hi = l0.hi_mask != 0 || l0.hi_word;
+  p.hi_word = l0.hi_word;
+  if (p.has_hi) window([](const ggml_ext_layout16& l) { return l.hi; }, p.hi_off, p.hi_load, nullptr);
+  for (int c = 0; c < 4; ++c) {
+    const ggml_ext_layout16 l = group_chunk_layout<Q>(G, c);
+    for (int j = 0; j < 16; ++j) {
+      p.lo_idx[16 * c + j] = static_cast<uint8_t>(l.lo + j - p.lo_off);
+      if (l.hi_word) {
+        // bit (hi_shift + j) of the little-endian word at hi: byte (hi_shift + j) / 8, bit (hi_shift + j) % 8
+        p.hi_idx[16 * c + j] = static_cast<uint8_t>(l.hi + (l.hi_shift + j) / 8 - p.hi_off);
+        p.hi_bit[16 * c + j] = static_cast<uint8_t>(1u << ((l.hi_shift + j) % 8));
+      } else if (p.has_hi) {
+        p.hi_idx[16 * c + j] = static_cast<uint8_t>(l.hi + j - p.hi_off);
+      }
+    }
+    for (int j = 0; j < 8; ++j) {
+      p.lo_shift[8 * c + j] = static_cast<uint16_t>(l.lo_shift);
+      p.hi_shift[8 * c + j] = static_cast<uint16_t>(l.hi_word ? 0 : l.hi_shift);
+    }
+  }
+  p.lo_mask = static_cast<uint8_t>(l0.lo_mask);
+  p.hi_mask = static_cast<uint8_t>(l0.hi_mask);
+  p.hi_pos = static_cast<uint8_t>(l0.hi_pos);
+  p.lo_signed = l0.lo_signed != 0;
+  p.codebook = l0.codebook;
+  p.sub = static_cast<int8_t>(l0.zero + code_center<Q, kOffset>() - weight_zero<Q, kOffset>());
+  return p;
+}
+
+template <class Q, bool kOffset, int G>
+inline constexpr GroupPlan kGroupPlan = make_group_plan<Q, kOffset>(G);
+
+template <class Q, bool kOffset>
+struct PermuteCodes {
+  __m512i table;  // codebook values + 128, in every 128-bit lane
+
+  PermuteCodes()
+      : table(_mm512_xor_si512(_mm512_broadcast_i32x4((__m128i)codebook_table(Q::layout(0).codebook)),
+                               _mm512_set1_epi8(-128))) {}
+
+  template <int G>
+  inline __attribute__((always_inline)) vi8x64 decode(const uint8_t* base) const {
+    constexpr const GroupPlan& p = kGroupPlan<Q, kOffset, G>;
+    __m512i part;
+    const __m512i lo_idx = _mm512_load_si512(p.lo_idx);
+    if constexpr (p.lo_two) {
+      part = _mm512_permutex2var_epi8(_mm512_loadu_si512(base + p.lo_off), lo_idx,
+                                      _mm512_maskz_loadu_epi8(p.lo_load2, base + p.lo_off + 64));
+    } else {
+      part = _mm512_permutexvar_epi8(lo_idx, _mm512_maskz_loadu_epi8(p.lo_load, base + p.lo_off));
+    }
+    if constexpr (p.lo_signed) {
+      return (vi8x64)_mm512_xor_si512(part, _mm512_set1_epi8(-128));  // Q8_0: code + 128
+    } else {
+      part = _mm512_and_si512(_mm512_srlv_epi16(part, _mm512_load_si512(p.lo_shift)), _mm512_set1_epi8(p.lo_mask));
+      if constexpr (p.has_hi) {
+        const __m512i hi = _mm512_permutexvar_epi8(_mm512_load_si512(p.hi_idx),
+                                                   _mm512_maskz_loadu_epi8(p.hi_load, base + p.hi_off));
+        if constexpr (p.hi_word) {
+          const __mmask64 set = _mm512_test_epi8_mask(hi, _mm512_load_si512(p.hi_bit));
+          part = _mm512_mask_add_epi8(part, set, part, _mm512_set1_epi8(static_cast<char>(1 << p.hi_pos)));
+        } else {
+          const __m512i bits = _mm512_and_si512(_mm512_srlv_epi16(hi, _mm512_load_si512(p.hi_shift)),
+                                                _mm512_set1_epi8(p.hi_mask));
+          part = _mm512_or_si512(part, _mm512_slli_epi16(bits, p.hi_pos));
+        }
+      }
+      if constexpr (p.codebook != GGML_EXT_CODEBOOK_NONE) return (vi8x64)_mm512_shuffle_epi8(table, part);
+      if constexpr (p.sub != 0) part = _mm512_sub_epi8(part, _mm512_set1_epi8(p.sub));
+      return (vi8x64)part;
+    }
+  }
+};
+
+template <class Q, bool kOffset>
+using GroupCodes = PermuteCodes<Q, kOffset>;
+#else
+template <class Q, bool kOffset>
+using GroupCodes = ChunkCodes<Q, kOffset>;
+#endif
+
+// Chunk scales and offsets: per block for 256-element blocks (16 chunks, one lane each), then spread over a
+// group's lanes; per pair of blocks for 32-element ones. The generic form calls the shared scale function
+// per chunk; the common formats have vector forms below that compute the same values.
+template <class Q>
+struct ChunkScales {
+  using B = typename Q::B;
+  vf32x16 scale, offset;  // 256-element blocks: chunk c in lane c
+
+  void load_block(const B* b) {
+    for (int c = 0; c < 16; ++c) {
+      const auto s = Q::scale(b, c);
+      scale[c] = s.scale;
+      offset[c] = signed_offset(s);
+    }
+  }
+  static void pair(const B* b0, const B* b1, vf32x16& sw, vf32x16& ow) {
+    const auto s0 = Q::scale(b0, 0), s1 = Q::scale(b1, 0);
+    sw = chunk_lanes(s0.scale, s0.scale, s1.scale, s1.scale);
+    ow = chunk_lanes(signed_offset(s0), signed_offset(s0), signed_offset(s1), signed_offset(s1));
+  }
+};
+
+// Q4_K and Q5_K: the 8 six-bit scales and mins unpacked with byte shuffles, converted together.
+template <class Q>
+struct K4Scales : ChunkScales<Q> {
+  void load_block(const typename Q::B* b) {
+    const vu8x16 q = load16(b->scales);  // 12 bytes of scales, then the block's next field
+    // lanes 0..7: scale j, lanes 8..15: min j (get_scale_min_k4)
+    const vu8x16 low_idx = {0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11};
+    const vu8x16 low_shift = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4};
+    const vu8x16 low_mask = {63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 15, 15, 15, 15};
+    const vu8x16 high_idx = {0, 0, 0, 0, 0, 1, 2, 3, 0, 0, 0, 0, 4, 5, 6, 7};
+    const vu8x16 high_keep = {0, 0, 0, 0, 3, 3, 3, 3, 0, 0, 0, 0, 3, 3, 3, 3};
+    const vu8x16 packed = ((__builtin_shuffle(q, low_idx) >> low_shift) & low_mask) |
+                          (((__builtin_shuffle(q, high_idx) >> 6) & high_keep) << 4);
+    typedef uint16_t vu16x16 __attribute__((vector_size(32)));  // widening in two steps: GCC 12 scalarizes one
+    const vf32x16 values =
+        __builtin_convertvector(__builtin_convertvector(__builtin_convertvector(packed, vu16x16), vi32x16), vf32x16);
+    const float d = GGML_EXT_HALF_TO_FLOAT(b->d), dmin = GGML_EXT_HALF_TO_FLOAT(b->dmin);
+    const vf32x16 dl = values * d, ml = values * (-dmin);
+    // chunk c belongs to sub-block c / 2
+    this->scale = __builtin_shufflevector(dl, dl, 0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    this->offset = __builtin_shufflevector(ml, ml, 8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
+  }
+};
+
+// Q6_K: 16 int8 scales, one per chunk.
+struct Q6KScales : ChunkScales<GGML_EXT_BLOCK_FORMAT(q6_k, 256)> {
+  void load_block(const block_q6_k* b) {
+    vi8x16 s;
+    std::memcpy(&s, b->scales, sizeof s);
+    scale = __builtin_convertvector(__builtin_convertvector(__builtin_convertvector(s, vi16x16), vi32x16), vf32x16) *
+            GGML_EXT_HALF_TO_FLOAT(b->d);
+    offset = vf32x16{};
+  }
+};
+
+template <class Q>
+struct ScalesOf {
+  using type = ChunkScales<Q>;
+};
+template <>
+struct ScalesOf<GGML_EXT_BLOCK_FORMAT(q4_k, 256)> {
+  using type = K4Scales<GGML_EXT_BLOCK_FORMAT(q4_k, 256)>;
+};
+template <>
+struct ScalesOf<GGML_EXT_BLOCK_FORMAT(q5_k, 256)> {
+  using type = K4Scales<GGML_EXT_BLOCK_FORMAT(q5_k, 256)>;
+};
+template <>
+struct ScalesOf<GGML_EXT_BLOCK_FORMAT(q6_k, 256)> {
+  using type = Q6KScales;
+};
+
+template <int G>
+inline vf32x16 group_lanes(vf32x16 v) {
+  return __builtin_shufflevector(v, v, 4 * G, 4 * G, 4 * G, 4 * G, 4 * G + 1, 4 * G + 1, 4 * G + 1, 4 * G + 1,
+                                 4 * G + 2, 4 * G + 2, 4 * G + 2, 4 * G + 2, 4 * G + 3, 4 * G + 3, 4 * G + 3,
+                                 4 * G + 3);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// One weight row against a tile of MR activation rows: res[r] = sum_k W[k] x[r0 + r][k].
+// ---------------------------------------------------------------------------------------------------
+template <class Q, int MR, bool kOffset>
+struct QuantRowDot {
+  using B = typename Q::B;
+  vf32x16 acc[MR] = {};
+  const ActRecord* tile;  // the tile's records: group g's rows at tile[g * kTileRows + r]
+  const float* tile_sums;
+  const GroupCodes<Q, kOffset>& codes;
+
+  QuantRowDot(const QuantizedRows& act, int64_t row0, const GroupCodes<Q, kOffset>& group_codes)
+      : tile(act.rec.data() + act.at(row0, 0)),
+        tile_sums(act.sums.data() + act.at(row0, 0) * kGroupLanes),
+        codes(group_codes) {}
+
+  inline __attribute__((always_inline)) void step(vi8x64 w, vf32x16 sw, vf32x16 ow, int64_t g) {
+    if constexpr (kOffset) ow += sw * static_cast<float>(code_center<Q, kOffset>());
+    const ActRecord* rec = tile + g * kTileRows;
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      const vf32x16 f = __builtin_convertvector(dot_lanes(w, rec[r]), vf32x16) * load_vec<vf32x16>(rec[r].d);
+      acc[r] += f * sw;
+      if constexpr (kOffset) acc[r] += ow * load_vec<vf32x16>(tile_sums + (g * kTileRows + r) * kGroupLanes);
+    }
+  }
+
+  void run(const uint8_t* row, int64_t n_blocks, float* res) {
+    using Scales = typename ScalesOf<Q>::type;
+    if constexpr (Q::kQK == 32) {
+      int64_t blk = 0;
+      vf32x16 sw, ow;
+      for (; blk + 2 <= n_blocks; blk += 2) {
+        const uint8_t* p0 = row + blk * sizeof(B);
+        Scales::pair(reinterpret_cast<const B*>(p0), reinterpret_cast<const B*>(p0 + sizeof(B)), sw, ow);
+        step(codes.template decode<0>(p0), sw, ow, blk / 2);
+      }
+      if (blk < n_blocks) {  // an odd block count: the last group's second half is empty
+        const uint8_t* p0 = row + blk * sizeof(B);
+        const auto s0 = Q::scale(reinterpret_cast<const B*>(p0), 0);
+        const float o0 = signed_offset(s0);
+        step(ChunkCodes<Q, kOffset>().template decode<0>(p0, /*second_block=*/false),
+             chunk_lanes(s0.scale, s0.scale, 0.0f, 0.0f), chunk_lanes(o0, o0, 0.0f, 0.0f), blk / 2);
+      }
+    } else {
+      static_assert(Q::kQK == 4 * kGroup, "a 256-element block is four groups");
+      Scales sc;
+      for (int64_t blk = 0; blk < n_blocks; ++blk) {
+        const uint8_t* p = row + blk * sizeof(B);
+        sc.load_block(reinterpret_cast<const B*>(p));
+        const int64_t g = blk * 4;
+        step(codes.template decode<0>(p), group_lanes<0>(sc.scale), group_lanes<0>(sc.offset), g);
+        step(codes.template decode<1>(p), group_lanes<1>(sc.scale), group_lanes<1>(sc.offset), g + 1);
+        step(codes.template decode<2>(p), group_lanes<2>(sc.scale), group_lanes<2>(sc.offset), g + 2);
+        step(codes.template decode<3>(p), group_lanes<3>(sc.scale), group_lanes<3>(sc.offset), g + 3);
+      }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) res[r] = hsum16(acc[r]);
+  }
+
+  static float hsum16(vf32x16 v) {
+    float t[16];
+    std::memcpy(t, &v, sizeof t);
+    float s = 0.0f;
+    for (int i = 0; i < 16; ++i) s += t[i];
+    return s;
+  }
+};
+
+// Float weights: rows of x in float32, padded to whole rows of the tile.
+template <class WFmt, int MR>
+void float_row_dot(const typename WFmt::T* w, int64_t K, const float* x, int64_t ldx, float* res) {
+  vf32 acc0[MR] = {}, acc1[MR] = {};
+  int64_t k = 0;
+  for (; k + 2 * kLanes <= K; k += 2 * kLanes) {
+    const vf32 w0 = WFmt::load(w + k), w1 = WFmt::load(w + k + kLanes);
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      acc0[r] += w0 * F32::load(x + r * ldx + k);
+      acc1[r] += w1 * F32::load(x + r * ldx + k + kLanes);
+    }
+  }
+  for (; k + kLanes <= K; k += kLanes) {
+    const vf32 w0 = WFmt::load(w + k);
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) acc0[r] += w0 * F32::load(x + r * ldx + k);
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) {
+    float s = hsum(acc0[r] + acc1[r]);
+    for (int64_t t = k; t < K; ++t) s += WFmt::to_f32(w[t]) * x[r * ldx + t];
+    res[r] = s;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Drivers
+// ---------------------------------------------------------------------------------------------------
+inline int tile_instance(int64_t rows) { return rows <= 1 ? 1 : rows <= 2 ? 2 : rows <= 4 ? 4 : 8; }
+
+// Calls body<MR>() with MR the tile instance for `rows` (1, 2, 4 or 8; the activations are padded with zero
+// rows up to a multiple of 8, so the extra rows read zeros and their results are dropped).
+template <class Body>
+inline void with_tile(int64_t rows, Body&& body) {
+  switch (tile_instance(rows)) {
+    case 1: return body.template operator()<1>();
+    case 2: return body.template operator()<2>();
+    case 4: return body.template operator()<4>();
+    default: return body.template operator()<8>();
+  }
+}
+
+int64_t padded_rows(int64_t M) { return (M + kTileRows - 1) / kTileRows * kTileRows; }
+
+// Walks the (row tile, weight row) pairs of the forward product over the thread pool: weight rows split
+// across threads, each thread's rows taken in cache-sized slices, every row tile of x against each slice.
+template <class DotTile>
+void forward_tiles(const MatmulArgs& a, int64_t row_bytes, DotTile&& dot_tile) {
+  const int64_t slice = std::max<int64_t>(1, kL2WeightBytes / std::max<int64_t>(1, row_bytes));
+  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 15) / std::max<int64_t>(1, a.K));
+  GGML_EXT_FLOAT_SWITCH(a.out_type, Out, {
+    auto* out = static_cast<typename Out::T*>(a.out);
+    parallel_for(a.N, grain, [&](int64_t n0, int64_t n1) {
+      float res[kTileRows];
+      for (int64_t s0 = n0; s0 < n1; s0 += slice) {
+        const int64_t s1 = std::min(n1, s0 + slice);
+        for (int64_t m0 = 0; m0 < a.M; m0 += kTileRows) {
+          const int64_t rows = std::min<int64_t>(kTileRows, a.M - m0);
+          for (int64_t n = s0; n < s1; ++n) {
+            dot_tile(n, m0, rows, res);
+            for (int64_t r = 0; r < rows; ++r) out[(m0 + r) * a.N + n] = Out::from_f32(res[r]);
+          }
+        }
+      }
+    });
+  });
+}
+
+template <class Q, bool kOffset>
+void forward_quantized(const MatmulArgs& a) {
+  QuantizedRows act;
+  act.resize(padded_rows(a.M), (a.K + kGroup - 1) / kGroup, kUnsignedWeights ? weight_zero<Q, kOffset>() : 0);
+  GGML_EXT_FLOAT_SWITCH(a.x_type, In, {
+    const auto* x = static_cast<const typename In::T*>(a.x);
+    parallel_for(a.M, std::max<int64_t>(1, 16384 / a.K), [&](int64_t m0, int64_t m1) {
+      for (int64_t m = m0; m < m1; ++m) quantize_activation_row<In>(x + m * a.K, a.K, act, m);
+    });
+  });
+  const int64_t n_blocks = a.K / Q::kQK;
+  const int64_t row_bytes = n_blocks * sizeof(typename Q::B);
+  const auto* w = static_cast<const uint8_t*>(a.w);
+  const GroupCodes<Q, kOffset> codes;
+  forward_tiles(a, row_bytes, [&](int64_t n, int64_t m0, int64_t rows, float* res) {
+    with_tile(rows,
+              [&]<int MR>() { QuantRowDot<Q, MR, kOffset>(act, m0, codes).run(w + n * row_bytes, n_blocks, res); });
+  });
+}
+
+template <class Q>
+void forward_quantized(const MatmulArgs& a) {
+  if (has_offset<Q>()) {
+    forward_quantized<Q, true>(a);
+  } else {
+    forward_quantized<Q, false>(a);
+  }
+}
+
+// x as float32 rows (zero rows appended up to a multiple of the tile).
+std::vector<float> float_rows(const MatmulArgs& a, int64_t cols) {
+  std::vector<float> xf(padded_rows(a.M) * cols, 0.0f);
+  GGML_EXT_FLOAT_SWITCH(a.x_type, In, {
+    const auto* x = static_cast<const typename In::T*>(a.x);
+    for (int64_t i = 0; i < a.M * cols; ++i) xf[i] = In::to_f32(x[i]);
+  });
+  return xf;
+}
+
+template <class WFmt>
+void forward_float(const MatmulArgs& a) {
+  const std::vector<float> xf = float_rows(a, a.K);
+  const auto* w = static_cast<const typename WFmt::T*>(a.w);
+  forward_tiles(a, a.K * sizeof(typename WFmt::T), [&](int64_t n, int64_t m0, int64_t rows, float* res) {
+    with_tile(rows, [&]<int MR>() { float_row_dot<WFmt, MR>(w + n * a.K, a.K, xf.data() + m0 * a.K, a.K, res); });
+  });
+}
+
+// The transposed product out (M, K) = x (M, N) @ W (N, K): threads own strips of whole blocks of K; each
+// decodes its strip of every weight row once and adds it, times x[:, n], into an accumulator strip.
+template <class DecodeStrip>
+void transposed(const MatmulArgs& a, int64_t block, DecodeStrip&& decode) {
+  std::vector<float> xt(a.N * a.M);  // x transposed: column n of x is contiguous
+  GGML_EXT_FLOAT_SWITCH(a.x_type, In, {
+    const auto* x = static_cast<const typename In::T*>(a.x);
+    for (int64_t m = 0; m < a.M; ++m) {
+      for (int64_t n = 0; n < a.N; ++n) xt[n * a.M + m] = In::to_f32(x[m * a.N + n]);
+    }
+  });
+  const int64_t n_blocks = a.K / block;
+  // Strips of at most ~128 KB of accumulators.
+  const int64_t strip_blocks =
+      std::max<int64_t>(1, std::min<int64_t>(n_blocks, (int64_t(32) << 10) / std::max<int64_t>(1, a.M * block)));
+  GGML_EXT_FLOAT_SWITCH(a.out_type, Out, {
+    auto* out = static_cast<typename Out::T*>(a.out);
+    parallel_for(n_blocks, strip_blocks, [&](int64_t b0, int64_t b1) {
+      for (int64_t s0 = b0; s0 < b1; s0 += strip_blocks) {
+        const int64_t s1 = std::min(b1, s0 + strip_blocks), width = (s1 - s0) * block;
+        std::vector<float> acc(a.M * width, 0.0f), w(width);
+        for (int64_t n = 0; n < a.N; ++n) {
+          decode(n, s0, s1, w.data());
+          const float* xn = xt.data() + n * a.M;
+          for (int64_t m = 0; m < a.M; ++m) {
+            const vf32 c = splat(xn[m]);
+            float* dst = acc.data() + m * width;
+            int64_t k = 0;
+            for (; k + kLanes <= width; k += kLanes) F32::store(dst + k, F32::load(dst + k) + c * F32::load(w.data() + k));
+            for (; k < width; ++k) dst[k] += xn[m] * w[k];
+          }
+        }
+        for (int64_t m = 0; m < a.M; ++m) {
+          for (int64_t k = 0; k < width; ++k) out[m * a.K + s0 * block + k] = Out::from_f32(acc[m * width + k]);
+        }
+      }
+    });
+  });
+}
+
+inline void store_values16(float* y, const vf32x16& v) { std::memcpy(y, &v, sizeof v); }
+
+template <class Q>
+void transposed_quantized(const MatmulArgs& a) {
+  using B = typename Q::B;
+  const int64_t row_bytes = a.K / Q::kQK * sizeof(B);
+  const auto* w = static_cast<const uint8_t*>(a.w);
+  const vi8x16 table = codebook_table(Q::layout(0).codebook);
+  transposed(a, Q::kQK, [&](int64_t n, int64_t b0, int64_t b1, float* dst) {
+    for (int64_t blk = b0; blk < b1; ++blk) {
+      const uint8_t* p = w + n * row_bytes + blk * sizeof(B);
+      float* y = dst + (blk - b0) * Q::kQK;
+      [&]<int... C>(std::integer_sequence<int, C...>) {
+        (store_values16(y + 16 * C, values16(codes16(p, Q::layout(C), table), Q::scale(reinterpret_cast<const B*>(p), C))),
+         ...);
+      }(std::make_integer_sequence<int, Q::kQK / 16>{});
+    }
+  });
+}
+
+template <class WFmt>
+void transposed_float(const MatmulArgs& a) {
+  const auto* w = static_cast<const typename WFmt::T*>(a.w);
+  transposed(a, 1, [&](int64_t n, int64_t k0, int64_t k1, float* dst) {
+    const auto* src = w + n * a.K;
+    for (int64_t k = k0; k < k1; ++k) dst[k - k0] = WFmt::to_f32(src[k]);
+  });
+}
+
+void zero_output(const MatmulArgs& a, int64_t count) {
+  std::memset(a.out, 0, count * float_type_bytes(a.out_type));
+}
+
+#define GGML_EXT_MATMUL_CASE(NAME, name, id, qk, bytes)                             \
+  case GGML_EXT_TYPE_##NAME:                                                        \
+    return a.transpose ? transposed_quantized<GGML_EXT_BLOCK_FORMAT(name, qk)>(a)   \
+                       : forward_quantized<GGML_EXT_BLOCK_FORMAT(name, qk)>(a);
+
+}  // namespace
+
+void quantized_matmul(const MatmulArgs& a) {
+  if (a.M == 0) return;
+  // An empty sum: zeros (forward with K == 0, transposed with N == 0).
+  if (!a.transpose && a.K == 0) return zero_output(a, a.M * a.N);
+  if (a.transpose && a.N == 0) return zero_output(a, a.M * a.K);
+  if (a.N == 0 || a.K == 0) return;
+  switch (a.w_type) {
+    case GGML_EXT_TYPE_F32: return a.transpose ? transposed_float<F32>(a) : forward_float<F32>(a);
+    case GGML_EXT_TYPE_F16: return a.transpose ? transposed_float<F16>(a) : forward_float<F16>(a);
+    case GGML_EXT_TYPE_BF16: return a.transpose ? transposed_float<BF16>(a) : forward_float<BF16>(a);
+    GGML_EXT_FOR_EACH_QUANT_TYPE(GGML_EXT_MATMUL_CASE)
+    default: return;  // the primitive validated the type
+  }
+}
+#undef GGML_EXT_MATMUL_CASE
+
+}  // namespace GGML_EXT_ISA
+
+GGML_EXT_DISPATCH(quantized_matmul, MatmulArgs)
+
+}  // namespace ggml_ext::cpu
