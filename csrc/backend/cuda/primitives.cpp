@@ -2,7 +2,6 @@
 #include "csrc/backend/cuda/launch.h"
 #include "csrc/dequantize.h"
 #include "csrc/quantize.h"
-#include "csrc/quantized_matmul.h"
 #include "csrc/rms_norm.h"
 #include "csrc/rope.h"
 #include "kernels/common/ggml_blocks.h"
@@ -78,6 +77,5 @@ void Dequantize::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) 
 
 // ggml's quantizers are not ported to CUDA: quantize weights once, on the CPU.
 MLX_GGML_EXT_NO_GPU_KERNEL(Quantize)
-MLX_GGML_EXT_NO_GPU_KERNEL(QuantizedMatmul)
 
 }  // namespace mlx_ggml_ext
