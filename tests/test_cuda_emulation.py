@@ -4,8 +4,8 @@ tests/cuda_emulation/cuda_emu.h compiles the .cu files as C++ and runs every CUD
 thread (barriers for __syncthreads, memory for warp shuffles); the kernels are chosen and launched by the
 same *_launch functions that eval_gpu uses. This checks what a GPU-less machine can check: indexing, tails,
 vector and scalar paths, broadcasting, bit-exact dequantize, against the same references as the GPU suite
-(gguf, the float64 SPEC formulas). Tensor-core (WMMA) code is not emulated (its FMA fallback is run instead),
-nor are GPU-specific numerics (fast paths of sincosf, NaN payloads). Needs g++ (C++20) and the CUDA headers
+(gguf, the float64 SPEC formulas). The WMMA calls are emulated tile by tile (the tiles' indexing is checked, not
+the tensor cores' rounding); GPU-specific numerics (sincosf, NaN payloads) are not emulated. Needs g++ (C++20) and the CUDA headers
 (cuda_fp16.h); without them the module is skipped, naming what is missing.
 """
 
@@ -257,7 +257,8 @@ def test_quantized_matmul_float32(kernels, t, m, transpose):
                                GGMLType.MXFP4, GGMLType.F16, GGMLType.F32], ids=lambda t: t.name)
 @pytest.mark.parametrize("m, transpose, out_f32", [(2, False, False), (70, False, False), (70, True, True)], ids=str)
 def test_quantized_matmul_half_inputs(kernels, t, x_type, m, transpose, out_f32):
-    """float16/bfloat16 x (tiles: the weight rounded to x's type, as the tensor-core path does), float32 sums."""
+    """float16/bfloat16 x: the decode kernel, and the tensor-core tiles (the weight rounded to x's type),
+    float32 sums."""
     got, expected = matmul_case(kernels, t, x_type, m, transpose, out_f32=out_f32)
     bound = {F16: 2e-6, BF16: 1e-4}[x_type]  # one rounding of weight and output: (2^-11)^2 or (2^-8)^2 scale
     assert nmse(got, expected) < bound

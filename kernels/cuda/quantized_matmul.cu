@@ -6,9 +6,11 @@
 //    accumulation) for float16/bfloat16 x, or float32 FMAs for float32 x (no precision lost to the inputs).
 #include "kernels/cuda/weights.cuh"
 
-// Tensor cores (WMMA, bfloat16 included) under nvcc for sm_80 and newer; elsewhere (an older target a build
-// asks for, the host emulation of tests/cuda_emulation) the tiles multiply with float32 FMAs.
-#if defined(__CUDACC__) && (!defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800)
+// Tensor cores (WMMA, bfloat16 included) under nvcc for sm_80 and newer (and in the host emulation of
+// tests/cuda_emulation, which supplies the API); for an older target a build asks for, float32 FMAs.
+#if defined(GGML_EXT_CUDA_EMULATION)
+#define GGML_EXT_CUDA_WMMA 1
+#elif defined(__CUDACC__) && (!defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800)
 #define GGML_EXT_CUDA_WMMA 1
 #include <mma.h>
 #else
