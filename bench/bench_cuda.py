@@ -14,11 +14,8 @@ import sys
 import mlx.core as mx
 import numpy as np
 
-from common import emit, header, interleaved, timed
+from common import emit, header, interleaved
 from mlx_ggml_ext import GGMLType, ops, reference
-
-OUTPUT_ENV = "MLX_GGML_EXT_CUDA_OUTPUT"
-
 
 def graph_of(make, inputs):
     return lambda: [make(x) for x in inputs]
@@ -32,17 +29,6 @@ def latency_us(make, x, rounds):
     """One op evaluated alone (make() when x is None)."""
     one = (lambda: make()) if x is None else (lambda: make(x))
     return interleaved({"one": one}, rounds=rounds)["one"] * 1e6
-
-
-def with_output_memory(kind, fn):
-    """fn evaluated with the extension's outputs in `kind` memory (the env var is read per evaluation)."""
-    def run():
-        os.environ[OUTPUT_ENV] = kind
-        try:
-            return timed(fn)
-        finally:
-            os.environ.pop(OUTPUT_ENV, None)
-    return run
 
 
 class CudaRuntime:
@@ -112,14 +98,11 @@ def bench_rms_norm(args, copy_gbs):
     mx.eval(xs, w)
     ours = lambda x: ops.rms_norm(x, w, 1e-6)
     mlx = lambda x: mx.fast.rms_norm(x, w, 1e-6)
-    t = per_op_us({"ours": graph_of(ours, xs), "mlx": graph_of(mlx, xs),
-                   "ours_device_pool": with_output_memory("device_pool", graph_of(ours, xs))},
-                  args.graph, args.rounds)
+    t = per_op_us({"ours": graph_of(ours, xs), "mlx": graph_of(mlx, xs)}, args.graph, args.rounds)
     moved = 2 * rows * dim * 2
     emit({"bench": "rms_norm", "shape": [rows, dim], "dtype": "float16", "graph_ops": args.graph,
           "time_us": t["ours"], "mlx_fast_time_us": t["mlx"], "speedup_vs_mlx_fast": t["mlx"] / t["ours"],
           **roofline_record(moved, t["ours"], copy_gbs),
-          "output_device_pool_time_us": t["ours_device_pool"],
           "latency_us": latency_us(ours, xs[0], args.rounds), "mlx_fast_latency_us": latency_us(mlx, xs[0], args.rounds)})
 
 
@@ -155,15 +138,10 @@ def bench_dequantize(args, copy_gbs):
         mx.eval(datas)
         for out_dtype, name in ((mx.float32, "float32"), (mx.float16, "float16")):
             ours = lambda d: ops.dequantize(d, t, (rows, k), out_dtype)
-            contenders = {"ours": graph_of(ours, datas)}
-            if t == GGMLType.Q4_0 and out_dtype == mx.float16:
-                contenders["ours_device_pool"] = with_output_memory("device_pool", graph_of(ours, datas))
-            t_us = per_op_us(contenders, graph, args.rounds)
+            t_us = per_op_us({"ours": graph_of(ours, datas)}, graph, args.rounds)
             moved = datas[0].nbytes + rows * k * (4 if out_dtype == mx.float32 else 2)
             record = {"bench": "dequantize", "type": t.name, "shape": [rows, k], "out_dtype": name, "graph_ops": graph,
                       "time_us": t_us["ours"], **roofline_record(moved, t_us["ours"], copy_gbs)}
-            if "ours_device_pool" in t_us:
-                record["output_device_pool_time_us"] = t_us["ours_device_pool"]
             emit(record)
 
 

@@ -9,14 +9,10 @@
 
 namespace mlx_ggml_ext::cuda {
 
-// Where an output's memory comes from (MLX_GGML_EXT_CUDA_OUTPUT, read per evaluation; for the benchmark's
-// comparison): MLX's allocator (managed memory, counted by MLX; the default), or device memory from the
-// CUDA stream-ordered pool of this extension (not counted by MLX's memory statistics).
-enum class OutputMemory { mlx_allocator, device_pool };
-OutputMemory output_memory();
-
 // The encoder of the primitive's stream with every input and the output registered. The output gets
-// `donor`'s buffer when MLX allows donating it (same size, row-contiguous), else fresh memory.
+// `donor`'s buffer when MLX allows donating it (same size, row-contiguous), else memory from MLX's allocator
+// (managed memory for an extension: MLX's device-memory allocator is not exported; counted by MLX, readable
+// from the host).
 mx::cu::CommandEncoder& begin(const mx::Stream& stream, const std::vector<mx::array>& inputs, mx::array& out,
                               const mx::array* donor = nullptr);
 
