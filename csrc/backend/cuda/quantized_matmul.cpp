@@ -8,14 +8,18 @@
 namespace mlx_ggml_ext {
 
 void QuantizedMatmul::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
-  const auto& x = inputs[0];  // (B3, B2, M, Kx), row-contiguous
+  const auto& x = inputs[0];  // (B3, B2, M, Kx), or (..., Kx) of rows against one matrix; row-contiguous
   const auto& w = inputs[1];  // (A3, A2, N, row_bytes) uint8, row-contiguous
   auto& enc = cuda::begin(stream(), inputs, out);
   if (out.size() == 0) return;
-  const int64_t batches = static_cast<int64_t>(x.shape(0)) * x.shape(1);
-  if (batches > 65535) {
-    throw std::invalid_argument(cat("[quantized_matmul] the CUDA kernels take at most 65535 batches of x, got ",
-                                    batches, "; reshape the batch axes into the rows of x."));
+  const bool batched = x.ndim() == 4;
+  const int64_t b3 = batched ? x.shape(0) : 1, b2 = batched ? x.shape(1) : 1;
+  const int64_t m = out.size() / (b3 * b2 * out.shape(-1));
+  // The grid holds the batches in z and the 64-row tiles of x in y (at most 65535 each).
+  if (b3 * b2 > 65535 || (m + 63) / 64 > 65535) {
+    throw std::invalid_argument(cat("[quantized_matmul] the CUDA kernels take at most 65535 batches and 4194240 "
+                                    "rows of x per batch, got ", b3 * b2, " batches of ", m,
+                                    " rows; split the call."));
   }
   const void* blocks = mx::gpu_ptr<void>(w);
   // Block fields are read as 16-bit words (F32 weights as 32-bit words).
@@ -26,20 +30,19 @@ void QuantizedMatmul::eval_gpu(const std::vector<mx::array>& inputs, mx::array& 
                                     " of their buffer (copy them first)."));
   }
   const int64_t row_bytes = w.shape(3);
-  ggml_ext::cuda::QuantizedMatmulArgs args{
-      mx::gpu_ptr<void>(x),
-      blocks,
-      mx::gpu_ptr<void>(out),
-      x.shape(2),
-      w.shape(2),
-      row_bytes / ggml_ext_type_size(type_) * ggml_ext_block_size(type_),
-      row_bytes,
-      batches,
-      x.shape(1),
-      w.shape(1),
-      x.shape(1) / w.shape(1),
-      x.shape(0) / w.shape(0),
-      out.dtype() == mx::float32 && x.dtype() != mx::float32};
+  ggml_ext::cuda::QuantizedMatmulArgs args{mx::gpu_ptr<void>(x),
+                                           blocks,
+                                           mx::gpu_ptr<void>(out),
+                                           m,
+                                           w.shape(2),
+                                           row_bytes / ggml_ext_type_size(type_) * ggml_ext_block_size(type_),
+                                           row_bytes,
+                                           b3 * b2,
+                                           b2,
+                                           w.shape(1),
+                                           b2 / w.shape(1),
+                                           b3 / w.shape(0),
+                                           out.dtype() == mx::float32 && x.dtype() != mx::float32};
   cuda::launch(enc, ggml_ext::cuda::quantized_matmul_launch(args, type_, float_type(x.dtype()), transpose_), args);
 }
 
