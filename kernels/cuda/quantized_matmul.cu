@@ -72,8 +72,10 @@ __global__ void __launch_bounds__(kDecodeRows * 32) decode_kernel(QuantizedMatmu
       if (m < a.m) {
         float xv[16];
         load_x_chunk(x + m * a.k, c, a.k, vector, xv);
+        float chunk_sum = 0.0f;  // summed apart, then added: shorter float32 rounding chains
 #pragma unroll
-        for (int j = 0; j < 16; ++j) acc[m] += w[j] * xv[j];
+        for (int j = 0; j < 16; ++j) chunk_sum += w[j] * xv[j];
+        acc[m] += chunk_sum;
       }
     }
   }
@@ -92,13 +94,15 @@ template <typename T>
 using WTile = T[kTileReduce][kTileOut + kPadW];  // the weight as (reduction, output)
 
 // The 64x64 float32 accumulators of a tile, with the multiply of one (x, weight) pair of shared tiles.
-// FMAs: each thread owns 8 rows x 4 outputs.
+// FMAs: each thread owns 8 rows x 4 outputs; each 32-step tile is summed on its own before it is added, which
+// keeps float32 rounding over long reductions near that of a pairwise sum.
 template <typename T>
 struct FmaAccumulators {
   float acc[8][4] = {};
   __device__ int row() const { return (threadIdx.x / 16) * 8; }
   __device__ int col() const { return (threadIdx.x % 16) * 4; }
   __device__ void multiply(const XTile<T>& xs, const WTile<T>& ws) {
+    float part[8][4] = {};
 #pragma unroll 8
     for (int r = 0; r < kTileReduce; ++r) {
       float xv[8], wv[4];
@@ -109,8 +113,12 @@ struct FmaAccumulators {
 #pragma unroll
       for (int i = 0; i < 8; ++i)
 #pragma unroll
-        for (int j = 0; j < 4; ++j) acc[i][j] += xv[i] * wv[j];
+        for (int j = 0; j < 4; ++j) part[i][j] += xv[i] * wv[j];
     }
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc[i][j] += part[i][j];
   }
   // out(i, j, value) for the tile's row i and output j.
   template <typename Out>
