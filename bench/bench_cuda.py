@@ -52,8 +52,11 @@ class CudaRuntime:
             return None
         lib = self.lib
         src, dst = ctypes.c_void_p(), ctypes.c_void_p()
-        assert lib.cudaMalloc(ctypes.byref(src), ctypes.c_size_t(nbytes)) == 0
-        assert lib.cudaMalloc(ctypes.byref(dst), ctypes.c_size_t(nbytes)) == 0
+        if lib.cudaMalloc(ctypes.byref(src), ctypes.c_size_t(nbytes)) != 0:
+            return None  # no usable GPU (the smoke run on a CPU)
+        if lib.cudaMalloc(ctypes.byref(dst), ctypes.c_size_t(nbytes)) != 0:
+            lib.cudaFree(src)
+            return None
         lib.cudaMemset(src, 1, ctypes.c_size_t(nbytes))
         start, stop = ctypes.c_void_p(), ctypes.c_void_p()
         lib.cudaEventCreate(ctypes.byref(start))
@@ -75,7 +78,7 @@ class CudaRuntime:
 
 
 def bench_copy(runtime, args):
-    nbytes = 256 << 20
+    nbytes = (4 << 20) if args.smoke else (256 << 20)
     memcpy = runtime.copy_gbs(nbytes)
     xs = [mx.random.normal((nbytes // 2 // 4096, 4096)).astype(mx.float16) for _ in range(8)]
     mx.eval(xs)
@@ -92,7 +95,7 @@ def roofline_record(moved, us, copy_gbs):
 
 
 def bench_rms_norm(args, copy_gbs):
-    rows, dim = 4096, 4096
+    rows, dim = (256, 4096) if args.smoke else (4096, 4096)
     xs = [mx.random.normal((rows, dim)).astype(mx.float16) for _ in range(args.graph)]
     w = mx.random.normal((dim,)).astype(mx.float16)
     mx.eval(xs, w)
@@ -107,7 +110,7 @@ def bench_rms_norm(args, copy_gbs):
 
 
 def bench_rope(args, copy_gbs):
-    b, tokens, heads, dim = 1, 2048, 32, 128
+    b, tokens, heads, dim = (1, 64, 4, 128) if args.smoke else (1, 2048, 32, 128)
     xs = [mx.random.normal((b, tokens, heads, dim)).astype(mx.float16) for _ in range(args.graph)]
     xs_mlx = [mx.contiguous(x.transpose(0, 2, 1, 3)) for x in xs]  # mx.fast.rope's (B, H, T, D)
     positions = mx.arange(tokens, dtype=mx.int32)
@@ -130,7 +133,7 @@ def random_blocks(t, rows, k, rng):
 
 
 def bench_dequantize(args, copy_gbs):
-    rows, k = 4096, 4096
+    rows, k = (64, 1024) if args.smoke else (4096, 4096)
     rng = np.random.default_rng(0)
     graph = max(4, args.graph // 4)
     for t in GGMLType:
@@ -154,19 +157,19 @@ def bench_quantized_matmul(args, copy_gbs):
     so the weights stream from memory rather than from L2."""
     rng = np.random.default_rng(1)
     graph = max(4, args.graph // 4)
-    for n, k in ((4096, 14336), (14336, 4096)):
+    for n, k in ((256, 512), (512, 256)) if args.smoke else ((4096, 14336), (14336, 4096)):
         w16 = [mx.random.normal((n, k)).astype(mx.float16) * 0.02 for _ in range(graph)]
         affine = [mx.quantize(w, group_size=64, bits=4) for w in w16]
         mx.eval(w16, affine)
         for t in QMM_TYPES:
             blocks = [random_blocks(t, n, k, rng) for _ in range(graph)]
             mx.eval(blocks)
-            for m in list(range(1, 9)) + [512]:
+            for m in [1, 8, 64] if args.smoke else list(range(1, 9)) + [512]:
                 x = mx.random.normal((m, k)).astype(mx.float16)
                 mx.eval(x)
                 ours = [lambda b=b: ops.quantized_matmul(x, b, t) for b in blocks]
                 contenders = {"ours": lambda: [f() for f in ours]}
-                if m == 512:
+                if m > 8:
                     contenders["mlx_fp16"] = lambda: [x @ w.T for w in w16]
                 elif t == QMM_TYPES[0]:
                     contenders["mlx_affine4"] = lambda: [mx.quantized_matmul(x, q, s, b, transpose=True, group_size=64,
@@ -174,7 +177,7 @@ def bench_quantized_matmul(args, copy_gbs):
                 us = per_op_us(contenders, graph, args.rounds)
                 record = {"bench": "quantized_matmul", "type": t.name, "n": n, "k": k, "m": m, "x_dtype": "float16",
                           "graph_ops": graph, "time_us": us["ours"], "latency_us": latency_us(ours[0], None, args.rounds)}
-                if m == 512:
+                if m > 8:
                     flops = 2 * m * n * k
                     record.update({"tflops": flops / (us["ours"] * 1e-6) / 1e12,
                                    "mlx_fp16_tflops": flops / (us["mlx_fp16"] * 1e-6) / 1e12})
@@ -192,9 +195,10 @@ def main():
     p.add_argument("--graph", type=int, default=32, help="independent ops per evaluated graph")
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--only", default="rms_norm,rope,dequantize,quantized_matmul")
+    p.add_argument("--smoke", action="store_true", help="tiny shapes on any device: checks that the script runs")
     args = p.parse_args()
-    if mx.default_device() == mx.cpu or not mx.cuda.is_available():
-        raise SystemExit("bench_cuda.py needs MLX's CUDA build and a GPU")
+    if not args.smoke and (mx.default_device() == mx.cpu or not mx.cuda.is_available()):
+        raise SystemExit("bench_cuda.py needs MLX's CUDA build and a GPU (--smoke runs tiny shapes anywhere)")
     header()
     copy_gbs = bench_copy(CudaRuntime(), args)
     only = args.only.split(",")
