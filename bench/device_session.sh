@@ -3,7 +3,9 @@
 # and the "stash" call, carry [".gpu/b", ".gpu/on-device.sh", ".gpu/wheels"] and run
 #   STEPS="info tests memcheck bench" bash bench/device_session.sh
 # It sets MLX up when the machine is fresh, installs test dependencies from .gpu/wheels when the machine
-# lacks them, builds, then runs each step (tests: the whole suite with MLX_GGML_EXT_DEVICE=gpu; memcheck:
+# lacks them (fill it first: pip download --no-deps --only-binary=:all: --python-version 3.12
+# --platform manylinux2014_x86_64 -d .gpu/wheels gguf hypothesis sortedcontainers attrs tqdm pyyaml pytest
+# iniconfig pluggy packaging), builds, then runs each step (tests: the whole suite with MLX_GGML_EXT_DEVICE=gpu; memcheck:
 # compute-sanitizer on $MEMCHECK_ARGS; bench: bench_cuda.py), writing logs under $OUT.
 set -uo pipefail
 # A representative GPU subset for compute-sanitizer (every kernel, every type, vector tails), unless given.
