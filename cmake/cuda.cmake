@@ -2,11 +2,13 @@
 # MLX's CUDA headers need a fmt the wheels do not ship); the eval_gpu glue in
 # csrc/backend/cuda/*.cpp includes MLX's CUDA headers, with csrc/backend/cuda/shim
 # supplying the minimal fmt/format.h they include.
-enable_language(CUDA)
-find_package(CUDAToolkit REQUIRED)
-if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES OR CMAKE_CUDA_ARCHITECTURES STREQUAL "52")
+# Ampere and Hopper (each with its PTX, so newer GPUs JIT them) unless the build names its own; set before
+# enable_language, which would otherwise pick nvcc's default (sm_75 for CUDA 13).
+if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES AND NOT DEFINED ENV{CUDAARCHS})
   set(CMAKE_CUDA_ARCHITECTURES "80;90")
 endif()
+enable_language(CUDA)
+find_package(CUDAToolkit REQUIRED)
 set_property(TARGET _ext PROPERTY CUDA_ARCHITECTURES ${CMAKE_CUDA_ARCHITECTURES})
 
 file(GLOB CUDA_KERNEL_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/kernels/cuda/*.cu)
@@ -24,3 +26,7 @@ target_include_directories(_ext PRIVATE ${PROJECT_SOURCE_DIR}/csrc/backend/cuda/
 # The extension registers its kernels with its own (static) CUDA runtime; MLX links
 # its runtime statically too, so eval_gpu hands MLX driver-level CUfunction handles.
 target_link_libraries(_ext PRIVATE CUDA::cudart_static)
+string(REPLACE ";" "," _cuda_archs "${CMAKE_CUDA_ARCHITECTURES}")
+target_compile_definitions(_ext PRIVATE MLX_GGML_EXT_CUDA_ARCHITECTURES="${_cuda_archs}")
+# ggml rounds d*q before adding the offset: no fused multiply-add in the decoders (bit-identity with gguf).
+set_source_files_properties(${PROJECT_SOURCE_DIR}/kernels/cuda/dequantize.cu PROPERTIES COMPILE_OPTIONS "-fmad=false")

@@ -23,8 +23,10 @@ K_QUANTIZE = [GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K]
 NOT_QUANTIZABLE = [GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.IQ4_NL, GGMLType.IQ4_XS]
 # Byte offsets of each block's float16 scale fields (from the SPEC's field order).
 HALF_FIELDS = {GGMLType[name]: offsets for name, offsets in reference.SCALE_FIELDS.items()}
-# NaN payloads follow x86's (first operand) propagation in numpy and in the kernels; elsewhere numpy may differ.
+# NaN payloads follow x86's (first operand) propagation in numpy and in the CPU kernels; elsewhere numpy may
+# differ, and a GPU's arithmetic returns its one canonical NaN (NaN positions are compared everywhere).
 X86 = platform.machine().lower() in ("x86_64", "amd64")
+NAN_PAYLOADS_MATCH = X86 and mx.default_device() == mx.cpu
 
 
 @pytest.fixture(autouse=True)
@@ -64,12 +66,18 @@ def assert_bits_equal(got: np.ndarray, expected: np.ndarray):
     mismatch = got.view(np.uint32)[~nan] != expected.view(np.uint32)[~nan]
     assert not mismatch.any(), f"{mismatch.sum()} values differ, e.g. {got[~nan][mismatch][:4]} vs " \
                                f"{expected[~nan][mismatch][:4]}"
-    if X86:
+    if NAN_PAYLOADS_MATCH:
         np.testing.assert_array_equal(got.view(np.uint32), expected.view(np.uint32))
 
 
 def deq(data: np.ndarray, t: GGMLType, shape, dtype=mx.float32) -> mx.array:
     return ops.dequantize(mx.array(data), t, shape, dtype)
+
+
+def quantize(w: mx.array, t) -> mx.array:
+    """ggml's quantizers run on the CPU only: weights are quantized once, offline (on a GPU device the op
+    raises, see test_quantize_on_the_default_device)."""
+    return ops.quantize(w, t, stream=mx.cpu)
 
 
 # ----------------------------------------------------------------------------- dequantize
@@ -188,7 +196,7 @@ def test_non_contiguous_data():
 def test_empty_tensors():
     assert ops.dequantize(mx.zeros((0, 18), dtype=mx.uint8), "q4_0", (0, 32)).shape == (0, 32)
     assert ops.dequantize(mx.zeros((3, 0), dtype=mx.uint8), "q4_k", (3, 0)).shape == (3, 0)
-    assert ops.quantize(mx.zeros((0, 64)), "q8_0").shape == (0, 68)
+    assert quantize(mx.zeros((0, 64)), "q8_0").shape == (0, 68)
 
 
 def test_dequantize_vmap_over_a_batch_of_tensors():
@@ -223,9 +231,9 @@ def test_raw_bytes_have_no_gradient():
     with pytest.raises(ValueError, match=r"\[dequantize\].*no tangent"):
         mx.jvp(lambda d: ops.dequantize(d, "q4_0", (1, 32)), [data], [mx.zeros((1, 18), dtype=mx.uint8)])
     with pytest.raises(ValueError, match=r"\[quantize\].*no gradient"):
-        mx.grad(lambda w: ops.quantize(w, "q8_0").astype(mx.float32).sum())(mx.ones((1, 32)))
+        mx.grad(lambda w: quantize(w, "q8_0").astype(mx.float32).sum())(mx.ones((1, 32)))
     with pytest.raises(ValueError, match=r"\[quantize\].*no tangent"):
-        mx.jvp(lambda w: ops.quantize(w, "q8_0"), [mx.ones((1, 32))], [mx.ones((1, 32))])
+        mx.jvp(lambda w: quantize(w, "q8_0"), [mx.ones((1, 32))], [mx.ones((1, 32))])
 
 
 # ----------------------------------------------------------------------------- quantize, byte-exact
@@ -252,12 +260,24 @@ def data_cases(rng, k):
     return cases
 
 
+def test_quantize_on_the_default_device():
+    """On the CPU the default stream quantizes; a GPU device has no quantizer and says so when evaluated."""
+    rng = np.random.default_rng(15)
+    x = rng.standard_normal((2, 64)).astype(np.float32)
+    q = ops.quantize(mx.array(x), "q8_0")
+    if mx.default_device() == mx.cpu:
+        np.testing.assert_array_equal(np.array(q), quants.quantize(x, gtype(GGMLType.Q8_0)))
+    else:
+        with pytest.raises(RuntimeError, match=r"Quantize has no GPU kernel in this build.*stream=mx.cpu"):
+            mx.eval(q)
+
+
 @pytest.mark.parametrize("t", EXACT_QUANTIZE, ids=lambda t: t.name)
 def test_quantize_byte_exact(cpu_isa, t):
     rng = np.random.default_rng(400 + int(t))
     k = row_elements(t, 4)
     for name, x in data_cases(rng, k).items():
-        got = np.array(ops.quantize(mx.array(x), t))
+        got = np.array(quantize(mx.array(x), t))
         expected = np.asarray(quants.quantize(x, gtype(t))).view(np.uint8).reshape(x.shape[0], -1)
         assert got.dtype == np.uint8 and got.shape == expected.shape, (name, got.shape)
         np.testing.assert_array_equal(got, expected, err_msg=f"{t.name} {name}")
@@ -271,7 +291,7 @@ def test_quantize_half_inputs(cpu_isa, t, dtype):
     rng = np.random.default_rng(5)
     w = mx.array(rng.standard_normal((3, 96)).astype(np.float32)).astype(dtype)
     x = np.array(w.astype(mx.float32))
-    np.testing.assert_array_equal(np.array(ops.quantize(w, t)),
+    np.testing.assert_array_equal(np.array(quantize(w, t)),
                                   np.asarray(quants.quantize(x, gtype(t))).view(np.uint8).reshape(3, -1))
 
 
@@ -290,7 +310,7 @@ def test_mxfp4_exponent_at_powers_of_two():
     amax = np.array(amax, np.float32)
     x = (rng.uniform(-1, 1, (amax.size, 32)) * amax[:, None]).astype(np.float32)
     x[:, 7] = amax
-    got = np.array(ops.quantize(mx.array(x.reshape(1, -1)), "mxfp4"))
+    got = np.array(quantize(mx.array(x.reshape(1, -1)), "mxfp4"))
     np.testing.assert_array_equal(got, quants.quantize(x.reshape(1, -1), gtype(GGMLType.MXFP4)))
 
 
@@ -301,19 +321,19 @@ def test_blocks_below_2_pow_minus_125_follow_the_documented_rule():
     x[0, :8] = np.float32(2.0 ** -130) * np.arange(1, 9, dtype=np.float32)
     x[0, 9] = -np.float32(2.0 ** -127)
     w = mx.array(x)
-    q40 = np.array(ops.quantize(w, "q4_0"))[0]
+    q40 = np.array(quantize(w, "q4_0"))[0]
     assert q40[:2].tolist() == [0, 0x80] and (q40[2:] == 0x88).all()  # d = -0.0, q = 8 (zero)
-    q41 = np.array(ops.quantize(w, "q4_1"))[0]
+    q41 = np.array(quantize(w, "q4_1"))[0]
     assert q41[:4].tolist() == [0, 0, 0, 0x80] and (q41[4:] == 0).all()  # d = 0, m = -0.0 (min), q = 0
-    q80 = np.array(ops.quantize(w, "q8_0"))[0]
+    q80 = np.array(quantize(w, "q8_0"))[0]
     assert q80[:2].tolist() == [0, 0] and (q80[2:] == 0).all()
-    mx4 = np.array(ops.quantize(w, "mxfp4"))[0]
+    mx4 = np.array(quantize(w, "mxfp4"))[0]
     assert mx4[0] == 0  # 2^-128 scale: the closest the format gets
     d = np.float32(2.0 ** -128)
     codes = np.argmin(np.abs(d * reference.KVALUES_MXFP4.astype(np.float32)[None, :] - x[0][:, None]), axis=1)
     np.testing.assert_array_equal(mx4[1:], (codes[:16] | (codes[16:] << 4)).astype(np.uint8))
     for t in ("q4_0", "q4_1", "q8_0", "mxfp4"):
-        assert np.isfinite(np.array(ops.dequantize(ops.quantize(w, t), t, (1, 32)))).all()
+        assert np.isfinite(np.array(ops.dequantize(quantize(w, t), t, (1, 32)))).all()
 
 
 @pytest.mark.parametrize("t", EXACT_QUANTIZE + K_QUANTIZE, ids=lambda t: t.name)
@@ -324,7 +344,7 @@ def test_non_finite_blocks(t):
     k = max(t.block_size, 32)
     x = rng.standard_normal((3, 2 * k)).astype(np.float32)
     x[0, 3], x[1, k + 1], x[2, 5] = np.nan, np.inf, -np.inf
-    got = np.array(ops.dequantize(ops.quantize(mx.array(x), t), t, x.shape))
+    got = np.array(ops.dequantize(quantize(mx.array(x), t), t, x.shape))
     if t.is_float:
         expected = quants.dequantize(np.asarray(quants.quantize(x, gtype(t))).view(np.uint8).reshape(3, -1), gtype(t))
         np.testing.assert_array_equal(got, expected)  # NaN == NaN positions, infinities kept
@@ -336,7 +356,7 @@ def test_non_finite_blocks(t):
         assert (got[bad] == np.inf).all()
     else:
         assert np.isnan(got[bad]).all()
-    clean = ops.dequantize(ops.quantize(mx.array(np.where(bad, 0, x)), t), t, x.shape)
+    clean = ops.dequantize(quantize(mx.array(np.where(bad, 0, x)), t), t, x.shape)
     np.testing.assert_array_equal(got[~bad], np.array(clean)[~bad])
 
 
@@ -359,7 +379,7 @@ K_DATA = {
 def test_k_quantize_beats_the_simple_spec_quantizer(cpu_isa, t, data):
     rng = np.random.default_rng(500 + int(t))
     x = K_DATA[data](rng, 16 * 1024).astype(np.float32).reshape(16, 1024)
-    blocks = np.array(ops.quantize(mx.array(x), t))
+    blocks = np.array(quantize(mx.array(x), t))
     assert blocks.shape == (16, t.row_bytes(1024)) and blocks.dtype == np.uint8
     y = quants.dequantize(blocks, gtype(t))  # gguf decodes our bytes, so the layout is ggml's
     assert_bits_equal(np.array(deq(blocks, t, x.shape)), y)
@@ -379,7 +399,7 @@ def test_quantize_is_the_same_on_every_cpu_variant():
             outs = []
             for isa in mlx_ggml_ext.cpu_isas():
                 mlx_ggml_ext.set_cpu_isa(isa)
-                outs.append(np.array(ops.quantize(w, t)))
+                outs.append(np.array(quantize(w, t)))
             for other in outs[1:]:
                 np.testing.assert_array_equal(other, outs[0], err_msg=t.name)
     finally:
@@ -391,7 +411,7 @@ def test_k_quantize_bytes_are_valid_and_stable(t):
     rng = np.random.default_rng(600 + int(t))
     # scales from 0.1 up: smaller ones make the float16 super-block scales subnormal, with few bits
     x = rng.standard_normal((8, 512)).astype(np.float32) * np.logspace(-1, 3, 8, dtype=np.float32)[:, None]
-    blocks = np.array(ops.quantize(mx.array(x), t)).reshape(-1, t.type_size)
+    blocks = np.array(quantize(mx.array(x), t)).reshape(-1, t.type_size)
     halves = [blocks[:, o:o + 2].copy().view(np.float16).astype(np.float32)[:, 0] for o in HALF_FIELDS[t]]
     for h in halves:
         assert np.isfinite(h).all()
@@ -399,7 +419,7 @@ def test_k_quantize_bytes_are_valid_and_stable(t):
             assert (h >= 0).all()  # d and dmin are non-negative: scales and mins are unsigned
     y = quants.dequantize(blocks.reshape(8, -1), gtype(t))
     # Quantizing values that are already on the grid keeps them there (nearly: the super-block scale may move).
-    y2 = quants.dequantize(np.array(ops.quantize(mx.array(y), t)), gtype(t))
+    y2 = quants.dequantize(np.array(quantize(mx.array(y), t)), gtype(t))
     per_row = [rmse(y2[i], y[i]) / rmse(y[i], x[i]) for i in range(8)]
     assert max(per_row) < 0.25, per_row
 
@@ -410,7 +430,7 @@ def test_k_quantize_special_blocks(t):
     x[1] = -2.5                       # constant negative: all in the min
     x[2] = np.linspace(0, 1, 256)      # non-negative ramp
     x[3, :16] = 7.0                    # one busy sub-block, the rest zero
-    y = np.array(ops.dequantize(ops.quantize(mx.array(x), t), t, x.shape))
+    y = np.array(ops.dequantize(quantize(mx.array(x), t), t, x.shape))
     np.testing.assert_array_equal(y[0], 0.0)
     np.testing.assert_array_equal(y[3, 32:], 0.0)
     assert rmse(y[1], x[1]) < 2e-2 and rmse(y[2], x[2]) < 0.03 and rmse(y[3], x[3]) < 0.05
@@ -421,19 +441,19 @@ def test_quantize_vmap():
     w = rng.standard_normal((3, 4, 64)).astype(np.float32)
     expected = np.stack([np.asarray(quants.quantize(v, gtype(GGMLType.Q5_1))).view(np.uint8).reshape(4, -1)
                          for v in w])
-    np.testing.assert_array_equal(np.array(mx.vmap(lambda v: ops.quantize(v, "q5_1"))(mx.array(w))), expected)
+    np.testing.assert_array_equal(np.array(mx.vmap(lambda v: quantize(v, "q5_1"))(mx.array(w))), expected)
     wt = mx.array(np.ascontiguousarray(w.transpose(1, 2, 0)))  # batch along the quantized axis
-    np.testing.assert_array_equal(np.array(mx.vmap(lambda v: ops.quantize(v, "q5_1"), in_axes=2)(wt)), expected)
+    np.testing.assert_array_equal(np.array(mx.vmap(lambda v: quantize(v, "q5_1"), in_axes=2)(wt)), expected)
 
 
 def test_quantize_shapes():
     rng = np.random.default_rng(13)
     w = rng.standard_normal((2, 3, 64)).astype(np.float32)
-    q = ops.quantize(mx.array(w), "q8_0")
+    q = quantize(mx.array(w), "q8_0")
     assert q.shape == (6, 68)
-    assert ops.quantize(mx.array(w[0, 0]), "q8_0").shape == (1, 68)
+    assert quantize(mx.array(w[0, 0]), "q8_0").shape == (1, 68)
     wt = rng.standard_normal((64, 5)).astype(np.float32)  # transposed: made row-contiguous
-    np.testing.assert_array_equal(np.array(ops.quantize(mx.array(wt).T, "q8_0")),
+    np.testing.assert_array_equal(np.array(quantize(mx.array(wt).T, "q8_0")),
                                   np.asarray(quants.quantize(np.ascontiguousarray(wt.T), gtype(GGMLType.Q8_0))))
     np.testing.assert_array_equal(  # numpy integers in the shape
         np.array(ops.dequantize(q, "q8_0", np.array(w.shape))), np.array(ops.dequantize(q, "q8_0", w.shape)))

@@ -1,0 +1,124 @@
+// Device helpers shared by the CUDA kernels: float formats, vector loads/stores, block reductions.
+#pragma once
+#include <cstdint>
+#include <type_traits>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "kernels/cuda/kernels.h"
+
+namespace ggml_ext::cuda {
+
+// The storage type of each FloatType.
+template <FloatType kType>
+struct Storage;
+template <>
+struct Storage<FloatType::f32> {
+  using type = float;
+};
+template <>
+struct Storage<FloatType::f16> {
+  using type = __half;
+};
+template <>
+struct Storage<FloatType::bf16> {
+  using type = __nv_bfloat16;
+};
+
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T>
+__device__ __forceinline__ T from_float(float v);
+template <>
+__device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+// The widest aligned word that moves `bytes` bytes in whole words.
+template <int kBytes>
+struct Word {
+  using type = std::conditional_t<kBytes % 16 == 0, uint4,
+               std::conditional_t<kBytes % 8 == 0, uint2, std::conditional_t<kBytes % 4 == 0, uint32_t,
+               std::conditional_t<kBytes % 2 == 0, uint16_t, uint8_t>>>>;
+};
+
+// N consecutive elements of T at p (aligned to the widest word that divides N * sizeof(T)), as floats.
+template <int N, typename T>
+__device__ __forceinline__ void load(const T* p, float (&f)[N]) {
+  using W = typename Word<N * sizeof(T)>::type;
+  constexpr int kWords = N * sizeof(T) / sizeof(W);
+  W raw[kWords];
+#pragma unroll
+  for (int i = 0; i < kWords; ++i) raw[i] = reinterpret_cast<const W*>(p)[i];
+  const T* e = reinterpret_cast<const T*>(raw);
+#pragma unroll
+  for (int j = 0; j < N; ++j) f[j] = to_float(e[j]);
+}
+
+template <int N, typename T>
+__device__ __forceinline__ void store(T* p, const float (&f)[N]) {
+  using W = typename Word<N * sizeof(T)>::type;
+  constexpr int kWords = N * sizeof(T) / sizeof(W);
+  W raw[kWords];
+  T* e = reinterpret_cast<T*>(raw);
+#pragma unroll
+  for (int j = 0; j < N; ++j) e[j] = from_float<T>(f[j]);
+#pragma unroll
+  for (int i = 0; i < kWords; ++i) reinterpret_cast<W*>(p)[i] = raw[i];
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+// The sum of v over the block (blockDim.x a multiple of 32), returned to every thread.
+__device__ __forceinline__ float block_sum(float v) {
+  __shared__ float partial[32];
+  v = warp_sum(v);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  v = lane < blockDim.x / 32 ? partial[lane] : 0.0f;
+  return warp_sum(v);
+}
+
+// The block's dynamic shared memory (KernelLaunch::shared_bytes of it).
+template <typename T>
+__device__ __forceinline__ T* dynamic_shared_memory() {
+#if defined(GGML_EXT_CUDA_EMULATION)
+  return reinterpret_cast<T*>(ggml_ext_emulated_dynamic_shared());
+#else
+  extern __shared__ __align__(16) unsigned char dynamic_shared[];
+  return reinterpret_cast<T*>(dynamic_shared);
+#endif
+}
+
+__host__ __device__ inline bool aligned(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+inline unsigned ceil_div(int64_t a, int64_t b) { return static_cast<unsigned>((a + b - 1) / b); }
+
+// Calls body with kType bound to the compile-time value of `type`.
+#define GGML_EXT_CUDA_FLOAT_SWITCH(type, kType, ...)                                  \
+  switch (type) {                                                                    \
+    case ::ggml_ext::cuda::FloatType::f32: {                                         \
+      constexpr auto kType = ::ggml_ext::cuda::FloatType::f32;                       \
+      __VA_ARGS__;                                                                   \
+    }                                                                                \
+    case ::ggml_ext::cuda::FloatType::f16: {                                         \
+      constexpr auto kType = ::ggml_ext::cuda::FloatType::f16;                       \
+      __VA_ARGS__;                                                                   \
+    }                                                                                \
+    case ::ggml_ext::cuda::FloatType::bf16: {                                        \
+      constexpr auto kType = ::ggml_ext::cuda::FloatType::bf16;                      \
+      __VA_ARGS__;                                                                   \
+    }                                                                                \
+  }
+
+}  // namespace ggml_ext::cuda

@@ -1,0 +1,90 @@
+// The CUDA kernels' host-side interface: argument structs and, per op, the kernel to launch with its
+// grid. Pure C++ plus the CUDA runtime's types (no MLX here): the .cu files implement it and the eval_gpu
+// glue in csrc/backend/cuda launches what it returns through MLX's command encoder.
+//
+// Every kernel takes exactly one parameter, its argument struct, by value.
+#pragma once
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "kernels/cpu/types.h"
+
+namespace ggml_ext::cuda {
+
+using FloatType = ggml_ext::cpu::FloatType;
+
+// A kernel symbol (the address of a __global__ function in this library) and how to launch it.
+struct KernelLaunch {
+  const void* kernel = nullptr;
+  dim3 grid;
+  dim3 block;
+  unsigned shared_bytes = 0;
+};
+
+// y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight[r / rows_per_weight]; x, weight and y share `type`.
+struct RmsNormArgs {
+  const void* x;
+  const void* weight;  // null: no weight
+  void* y;
+  int64_t rows;
+  int64_t dim;
+  int64_t rows_per_weight;
+  float eps;
+};
+KernelLaunch rms_norm_launch(const RmsNormArgs& args, FloatType type);
+
+// ggml's rope_ext on x (batches, tokens, heads, dim); the same meaning as ggml_ext::cpu::RopeArgs.
+struct RopeArgs {
+  const void* x;
+  void* y;
+  const int32_t* positions;    // rows of `tokens`
+  const float* freq_factors;   // rows of n_dims/2, or null
+  const float* ramp;           // n_dims/2 YaRN mixes (device memory), or null
+  int64_t batches;
+  int64_t tokens;
+  int64_t heads;
+  int64_t dim;
+  int64_t n_dims;
+  int64_t batches_per_positions_row;
+  int64_t batches_per_factors_row;
+  float theta_scale;
+  float freq_scale;
+  float mscale;
+  float sin_sign;
+};
+KernelLaunch rope_launch(const RopeArgs& args, FloatType type, bool neox);
+
+// Raw ggml blocks (any type of kernels/common/ggml_blocks.h) to floats of `out_type`.
+struct DequantizeArgs {
+  const void* blocks;
+  void* y;
+  int64_t n_blocks;  // blocks of the type (elements, for F32/F16/BF16)
+};
+// kernel == nullptr for a type id the kernels do not know.
+KernelLaunch dequantize_launch(const DequantizeArgs& args, int ggml_type, FloatType out_type);
+
+// The product of x with a weight of ggml blocks (csrc/quantized_matmul.h): per batch z of x (z = b3 * B2 + b2),
+// the weight batch (b3 / ratio3) * A2 + b2 / ratio2, N rows of row_bytes bytes holding K elements each.
+//   forward:    x (M, K) -> y (M, N), y[m, n] = sum_k x[m, k] * W[n, k]
+//   transposed: x (M, N) -> y (M, K), y[m, k] = sum_n x[m, n] * W[n, k]
+// x has `x_type`; y has x's type, or float32 when out_f32.
+struct QuantizedMatmulArgs {
+  const void* x;
+  const void* w;
+  void* y;
+  int64_t m;
+  int64_t n;
+  int64_t k;
+  int64_t row_bytes;
+  int64_t batches;  // B3 * B2
+  int64_t b2;
+  int64_t a2;
+  int64_t ratio2;
+  int64_t ratio3;
+  bool out_f32;
+};
+// kernel == nullptr for a type id the kernels do not know.
+KernelLaunch quantized_matmul_launch(const QuantizedMatmulArgs& args, int ggml_type, FloatType x_type, bool transpose);
+
+}  // namespace ggml_ext::cuda

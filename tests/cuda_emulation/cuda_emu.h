@@ -1,0 +1,90 @@
+// Runs the CUDA kernels of kernels/cuda on the host, for tests/test_cuda_emulation.py: the .cu files are
+// compiled as C++ with this header forced in. Each block runs alone, one host thread per CUDA thread, so
+// __shared__ memory is a static variable, __syncthreads a barrier over the block's threads and a warp
+// shuffle an exchange through memory between barriers of the warp's 32 threads. Arithmetic is the host's
+// IEEE float32 without contraction (the kernels' __f*_rn intrinsics are plain operations). The WMMA API is
+// emulated with whole 16x16 tiles per thread (every lane computes the warp's fragment; lane 0 stores it), which
+// checks the kernels' tile indexing, not the tensor cores' rounding.
+#pragma once
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <vector_types.h>
+
+#define GGML_EXT_CUDA_EMULATION 1
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __align__(n) __attribute__((aligned(n)))
+#define __shared__ static
+
+extern thread_local uint3 threadIdx;
+extern thread_local uint3 blockIdx;
+extern dim3 blockDim;
+extern dim3 gridDim;
+
+unsigned char* ggml_ext_emulated_dynamic_shared();
+void __syncthreads();
+float ggml_ext_emulated_shuffle_xor(float v, int lane_mask);
+
+inline float __shfl_xor_sync(unsigned, float v, int lane_mask) { return ggml_ext_emulated_shuffle_xor(v, lane_mask); }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline float __uint_as_float(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+namespace nvcuda::wmma {
+struct matrix_a {};
+struct matrix_b {};
+struct accumulator {};
+struct row_major {};
+enum layout_t { mem_row_major };
+
+template <typename Use, int M, int N, int K, typename T, typename Layout = void>
+struct fragment {
+  float x[16][16];
+};
+
+template <typename Use, typename T, typename Layout>
+void load_matrix_sync(fragment<Use, 16, 16, 16, T, Layout>& f, const T* p, unsigned ldm) {
+  for (int i = 0; i < 16; ++i)
+    for (int j = 0; j < 16; ++j) f.x[i][j] = static_cast<float>(p[i * ldm + j]);
+}
+
+template <typename T>
+void fill_fragment(fragment<accumulator, 16, 16, 16, T>& f, float v) {
+  for (auto& row : f.x)
+    for (auto& e : row) e = v;
+}
+
+template <typename T, typename LA, typename LB>
+void mma_sync(fragment<accumulator, 16, 16, 16, float>& d, const fragment<matrix_a, 16, 16, 16, T, LA>& a,
+              const fragment<matrix_b, 16, 16, 16, T, LB>& b, const fragment<accumulator, 16, 16, 16, float>& c) {
+  float out[16][16];
+  for (int i = 0; i < 16; ++i)
+    for (int j = 0; j < 16; ++j) {
+      float sum = c.x[i][j];
+      for (int k = 0; k < 16; ++k) sum += a.x[i][k] * b.x[k][j];
+      out[i][j] = sum;
+    }
+  std::memcpy(d.x, out, sizeof out);
+}
+
+inline void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 16, float>& f, unsigned ldm, layout_t) {
+  if (threadIdx.x % 32 != 0) return;
+  for (int i = 0; i < 16; ++i)
+    for (int j = 0; j < 16; ++j) p[i * ldm + j] = f.x[i][j];
+}
+}  // namespace nvcuda::wmma

@@ -1,0 +1,88 @@
+// The host side of cuda_emu.h, and C entry points that launch each op's kernel the way eval_gpu does
+// (the same *_launch functions choose kernel and grid), for ctypes.
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "kernels/cuda/kernels.h"
+
+thread_local uint3 threadIdx;
+thread_local uint3 blockIdx;
+dim3 blockDim;
+dim3 gridDim;
+
+namespace {
+
+std::vector<unsigned char> dynamic_shared;
+std::unique_ptr<std::barrier<>> block_barrier;
+struct Warp {
+  std::unique_ptr<std::barrier<>> barrier;
+  float lanes[32];
+};
+std::vector<Warp> warps;
+
+template <typename Args>
+int run(const ggml_ext::cuda::KernelLaunch& launch, Args args) {
+  if (!launch.kernel) return 1;
+  auto kernel = reinterpret_cast<void (*)(Args)>(const_cast<void*>(launch.kernel));
+  blockDim = launch.block;
+  gridDim = launch.grid;
+  const unsigned threads = blockDim.x * blockDim.y * blockDim.z;
+  if (threads % 32 != 0) return 2;
+  for (unsigned bz = 0; bz < gridDim.z; ++bz)
+    for (unsigned by = 0; by < gridDim.y; ++by)
+      for (unsigned bx = 0; bx < gridDim.x; ++bx) {
+        dynamic_shared.assign(launch.shared_bytes + 16, 0xA5);  // garbage, as on a GPU
+        block_barrier = std::make_unique<std::barrier<>>(threads);
+        warps = std::vector<Warp>(threads / 32);
+        for (auto& w : warps) w.barrier = std::make_unique<std::barrier<>>(32);
+        std::vector<std::thread> pool;
+        for (unsigned t = 0; t < threads; ++t) {
+          pool.emplace_back([=] {
+            threadIdx = uint3{t % blockDim.x, t / blockDim.x % blockDim.y, t / (blockDim.x * blockDim.y)};
+            blockIdx = uint3{bx, by, bz};
+            kernel(args);
+          });
+        }
+        for (auto& th : pool) th.join();
+      }
+  return 0;
+}
+
+}  // namespace
+
+unsigned char* ggml_ext_emulated_dynamic_shared() { return dynamic_shared.data(); }
+
+void __syncthreads() { block_barrier->arrive_and_wait(); }
+
+float ggml_ext_emulated_shuffle_xor(float v, int lane_mask) {
+  const unsigned t = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+  Warp& w = warps[t / 32];
+  w.lanes[t % 32] = v;
+  w.barrier->arrive_and_wait();
+  const float other = w.lanes[(t % 32) ^ lane_mask];
+  w.barrier->arrive_and_wait();
+  return other;
+}
+
+namespace kc = ggml_ext::cuda;
+
+extern "C" {
+
+int emulated_rms_norm(kc::RmsNormArgs args, int type) {
+  return run(kc::rms_norm_launch(args, static_cast<kc::FloatType>(type)), args);
+}
+
+int emulated_rope(kc::RopeArgs args, int type, int neox) {
+  return run(kc::rope_launch(args, static_cast<kc::FloatType>(type), neox != 0), args);
+}
+
+int emulated_dequantize(kc::DequantizeArgs args, int ggml_type, int out_type) {
+  return run(kc::dequantize_launch(args, ggml_type, static_cast<kc::FloatType>(out_type)), args);
+}
+
+int emulated_quantized_matmul(kc::QuantizedMatmulArgs args, int ggml_type, int x_type, int transpose) {
+  return run(kc::quantized_matmul_launch(args, ggml_type, static_cast<kc::FloatType>(x_type), transpose != 0), args);
+}
+
+}  // extern "C"

@@ -1,0 +1,272 @@
+"""The CUDA kernels (kernels/cuda/*.cu) run on the host, held to the package's references.
+
+tests/cuda_emulation/cuda_emu.h compiles the .cu files as C++ and runs every CUDA thread of a block as a host
+thread (barriers for __syncthreads, memory for warp shuffles); the kernels are chosen and launched by the
+same *_launch functions that eval_gpu uses. This checks what a GPU-less machine can check: indexing, tails,
+vector and scalar paths, broadcasting, bit-exact dequantize, against the same references as the GPU suite
+(gguf, the float64 SPEC formulas). The WMMA calls are emulated tile by tile (the tiles' indexing is checked, not
+the tensor cores' rounding); GPU-specific numerics (sincosf, NaN payloads) are not emulated. Needs g++ (C++20) and the CUDA headers
+(cuda_fp16.h); without them the module is skipped, naming what is missing.
+"""
+
+import ctypes
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from harness import nmse
+from mlx_ggml_ext import GGMLType, reference
+
+gguf = pytest.importorskip("gguf")
+from gguf import quants  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+CXX = shutil.which("g++")
+
+
+def cuda_include_dir():
+    candidates = [os.environ.get("CUDA_HOME", ""), "/usr/local/cuda"]
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        candidates.append(str(Path(nvcc).resolve().parents[1]))
+    for c in candidates:
+        if c and (Path(c) / "include" / "cuda_fp16.h").exists():
+            return Path(c) / "include"
+    return None
+
+
+CUDA_INCLUDE = cuda_include_dir()
+if not (CXX and CUDA_INCLUDE):
+    missing = " and ".join(n for n, p in [("g++", CXX), ("the CUDA headers (cuda_fp16.h)", CUDA_INCLUDE)] if not p)
+    pytest.skip(f"host emulation of the CUDA kernels needs {missing}", allow_module_level=True)
+
+F32, F16, BF16 = 0, 1, 2  # ggml_ext::cpu::FloatType
+NP_TYPES = {F32: np.float32, F16: np.float16, BF16: np.uint16}
+
+
+class RmsNormArgs(ctypes.Structure):
+    _fields_ = [("x", ctypes.c_void_p), ("weight", ctypes.c_void_p), ("y", ctypes.c_void_p),
+                ("rows", ctypes.c_int64), ("dim", ctypes.c_int64), ("rows_per_weight", ctypes.c_int64),
+                ("eps", ctypes.c_float)]
+
+
+class RopeArgs(ctypes.Structure):
+    _fields_ = [("x", ctypes.c_void_p), ("y", ctypes.c_void_p), ("positions", ctypes.c_void_p),
+                ("freq_factors", ctypes.c_void_p), ("ramp", ctypes.c_void_p)] + \
+               [(n, ctypes.c_int64) for n in ("batches", "tokens", "heads", "dim", "n_dims",
+                                              "batches_per_positions_row", "batches_per_factors_row")] + \
+               [(n, ctypes.c_float) for n in ("theta_scale", "freq_scale", "mscale", "sin_sign")]
+
+
+class DequantizeArgs(ctypes.Structure):
+    _fields_ = [("blocks", ctypes.c_void_p), ("y", ctypes.c_void_p), ("n_blocks", ctypes.c_int64)]
+
+
+class QuantizedMatmulArgs(ctypes.Structure):
+    _fields_ = [("x", ctypes.c_void_p), ("w", ctypes.c_void_p), ("y", ctypes.c_void_p)] + \
+               [(n, ctypes.c_int64) for n in ("m", "n", "k", "row_bytes", "batches", "b2", "a2", "ratio2",
+                                              "ratio3")] + [("out_f32", ctypes.c_bool)]
+
+
+@pytest.fixture(scope="module")
+def kernels(tmp_path_factory):
+    lib = tmp_path_factory.mktemp("cuda_emulation") / "kernels.so"
+    sources = sorted(str(p) for p in (ROOT / "kernels/cuda").glob("*.cu"))
+    subprocess.run([CXX, "-std=c++20", "-O1", "-ffp-contract=off", "-fPIC", "-shared", "-pthread",
+                    "-include", str(ROOT / "tests/cuda_emulation/cuda_emu.h"), f"-I{ROOT}", f"-I{CUDA_INCLUDE}",
+                    "-x", "c++", *sources, "-x", "none", str(ROOT / "tests/cuda_emulation/emulated_launch.cpp"),
+                    "-o", str(lib)], check=True)
+    return ctypes.CDLL(str(lib))
+
+
+def ptr(a: np.ndarray) -> int:
+    return a.ctypes.data
+
+
+def to_bf16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bits, round to nearest even (finite inputs)."""
+    u = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def stored(x: np.ndarray, ftype: int) -> np.ndarray:
+    """x (float) in the storage of `ftype` (bfloat16 as its bits)."""
+    return to_bf16_bits(x) if ftype == BF16 else np.asarray(x, NP_TYPES[ftype])
+
+
+def loaded(a: np.ndarray, ftype: int) -> np.ndarray:
+    """float64 values of an array stored as `ftype`."""
+    if ftype == BF16:
+        return (a.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    return a.astype(np.float64)
+
+
+TOL = {F32: 2e-6, F16: 1e-3, BF16: 8e-3}  # harness.TOLERANCES for rms_norm and rope
+
+
+# ----------------------------------------------------------------------------- dequantize
+
+@pytest.mark.parametrize("t", list(GGMLType), ids=lambda t: t.name)
+def test_dequantize_bit_exact(kernels, t):
+    rng = np.random.default_rng(int(t))
+    k = max(t.block_size, 16) * 3 + (5 if t.is_float else 0)  # float types: a tail past the 4-wide vectors
+    data = rng.integers(0, 256, (5, t.row_bytes(k)), dtype=np.uint8)
+    with np.errstate(all="ignore"):  # gguf's numpy math on NaN/inf scales
+        expected = np.asarray(quants.dequantize(data, gguf.GGMLQuantizationType(int(t))), np.float32).reshape(-1)
+    nan = np.isnan(expected)
+    for out_type in (F32, F16, BF16):
+        y = np.zeros(expected.size, NP_TYPES[out_type])
+        args = DequantizeArgs(ptr(data), ptr(y), data.nbytes // t.type_size)
+        assert kernels.emulated_dequantize(args, int(t), out_type) == 0
+        if out_type == F32:
+            np.testing.assert_array_equal(np.isnan(y), nan)
+            np.testing.assert_array_equal(y.view(np.uint32)[~nan], expected.view(np.uint32)[~nan])
+        else:
+            with np.errstate(over="ignore"):
+                rounded = stored(np.where(nan, 0, expected), out_type)
+            got = y.view(np.uint16)
+            np.testing.assert_array_equal(got[~nan], rounded.view(np.uint16)[~nan])
+
+
+@pytest.mark.parametrize("t", [GGMLType.F32, GGMLType.F16, GGMLType.BF16], ids=lambda t: t.name)
+def test_dequantize_float_types_unaligned(kernels, t):
+    """Float storage that does not start on a 4-element boundary takes the scalar path."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal(70).astype(np.float32)
+    raw = np.asarray(quants.quantize(x, gguf.GGMLQuantizationType(int(t)))).view(np.uint8)
+    buf = np.zeros(raw.nbytes + 64, np.uint8)
+    base = (-buf.ctypes.data) % 16 + t.type_size  # one element past a 16-byte boundary
+    buf[base:base + raw.nbytes] = raw
+    y = np.zeros(70, np.float32)
+    assert kernels.emulated_dequantize(DequantizeArgs(buf.ctypes.data + base, ptr(y), 70), int(t), F32) == 0
+    np.testing.assert_array_equal(y, quants.dequantize(raw, gguf.GGMLQuantizationType(int(t))))
+
+
+# ----------------------------------------------------------------------------- rms_norm
+
+@pytest.mark.parametrize("ftype", [F32, F16, BF16])
+def test_rms_norm(kernels, ftype):
+    rng = np.random.default_rng(10 + ftype)
+    # 3/17/100: scalar path; 16/64/4096: vectors in registers; 9000: past the registers (second read)
+    for dim in [3, 16, 17, 64, 100, 4096, 9000]:
+        for groups in (0, 1, 3):
+            rows = 6
+            x = stored(rng.standard_normal((rows, dim)), ftype)
+            w = stored(rng.standard_normal((max(groups, 1), dim)), ftype)
+            y = np.zeros_like(x)
+            args = RmsNormArgs(ptr(x), ptr(w) if groups else None, ptr(y), rows, dim, rows // max(groups, 1), 1e-5)
+            assert kernels.emulated_rms_norm(args, ftype) == 0
+            weight = np.repeat(loaded(w, ftype), rows // max(groups, 1), axis=0) if groups else None
+            expected = reference.rms_norm(loaded(x, ftype), weight, 1e-5)
+            err = np.max(np.abs(loaded(y, ftype) - expected))
+            assert err <= TOL[ftype] * np.max(np.abs(expected)), (dim, groups, err)
+
+
+# ----------------------------------------------------------------------------- rope
+
+def rope_constants(n_dims, freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow, n_ctx_orig):
+    """The host-side constants of csrc/rope.cpp (rope_angles, rope_ramp), as float32."""
+    f32 = np.float32
+    theta_scale = f32(np.float64(f32(freq_base)) ** np.float64(f32(-2.0) / f32(n_dims)))
+    mscale = f32(attn_factor)
+    if ext_factor == 0:
+        return theta_scale, mscale, None
+    corr = lambda beta: f32(n_dims) * np.log(f32(n_ctx_orig) / (f32(beta) * f32(2) * f32(np.pi))) / (
+        f32(2) * np.log(f32(freq_base)))
+    low, high = max(f32(0), np.floor(corr(beta_fast))), min(f32(n_dims - 1), np.ceil(corr(beta_slow)))
+    y = (np.arange(n_dims // 2, dtype=f32) - low) / max(f32(0.001), f32(high - low))
+    ramp = ((1 - np.clip(y, 0, 1)) * f32(ext_factor)).astype(f32)
+    mscale = f32(mscale * (f32(1) + f32(0.1) * np.log(f32(1) / f32(freq_scale))))
+    return theta_scale, mscale, ramp
+
+
+ROPE_CASES = [  # (batches, tokens, heads, dim, n_dims), YaRN, freq_factors
+    ((2, 5, 3, 128, 128), False, False),   # vector path
+    ((1, 7, 2, 64, 32), True, True),       # partial rotation, YaRN, factors, vectors
+    ((3, 4, 2, 18, 18), False, True),      # scalar path (dim % 8 != 0)
+    ((2, 3, 3, 34, 22), True, False),      # scalar path, partial rotation
+]
+
+
+@pytest.mark.parametrize("ftype", [F32, F16, BF16])
+@pytest.mark.parametrize("mode", ["normal", "neox"])
+@pytest.mark.parametrize("case", ROPE_CASES, ids=str)
+@pytest.mark.parametrize("inverse", [False, True])
+def test_rope(kernels, ftype, mode, case, inverse):
+    (batches, tokens, heads, dim, n_dims), yarn, with_factors = case
+    rng = np.random.default_rng(20 + ftype)
+    params = dict(freq_base=10000.0, freq_scale=0.25 if yarn else 1.0, ext_factor=1.0 if yarn else 0.0,
+                  attn_factor=1.0, beta_fast=32.0, beta_slow=1.0, n_ctx_orig=4096 if yarn else 0)
+    x = stored(rng.standard_normal((batches, tokens, heads, dim)), ftype)
+    # positions per batch (two rows: batches_per_positions_row = batches / 2 when even)
+    pos_rows = 2 if batches % 2 == 0 else 1
+    positions = rng.integers(-3000, 100000, (pos_rows, tokens)).astype(np.int32)
+    factors = rng.uniform(1, 4, n_dims // 2).astype(np.float32) if with_factors else None
+    theta_scale, mscale, ramp = rope_constants(n_dims, **params)
+    y = np.zeros_like(x)
+    args = RopeArgs(ptr(x), ptr(y), ptr(positions), ptr(factors) if factors is not None else None,
+                    ptr(ramp) if ramp is not None else None, batches, tokens, heads, dim, n_dims,
+                    batches // pos_rows, batches, theta_scale, params["freq_scale"], mscale, -1.0 if inverse else 1.0)
+    assert kernels.emulated_rope(args, ftype, int(mode == "neox")) == 0
+    xs = loaded(x, ftype)
+    expected = np.stack([reference.rope(xs[b], positions[b // (batches // pos_rows)], n_dims, mode,
+                                        freq_factors=factors, inverse=inverse, **params) for b in range(batches)])
+    err = np.max(np.abs(loaded(y, ftype) - expected))
+    assert err <= TOL[ftype] * np.max(np.abs(expected)), err
+
+
+# ----------------------------------------------------------------------------- quantized matmul
+
+def matmul_case(kernels, t, x_type, m, transpose, batch=(1, 1), w_batch=(1, 1), n=40, out_f32=False):
+    """Runs the kernel on random data; returns (got, expected float64)."""
+    rng = np.random.default_rng(int(t) * 100 + m)
+    k = 2 * max(t.block_size, 32) + (3 if t.is_float else 0)
+    (b3, b2), (a3, a2) = batch, w_batch
+    w = np.stack([reference.random_blocks(rng, t.name, n, k) for _ in range(a3 * a2)])  # (A, N, row_bytes)
+    w_values = np.stack([reference.dequantize(wi, t.name, (n, k)) for wi in w])        # float64 (A, N, K)
+    reduce, outs = (n, k) if transpose else (k, n)
+    x = stored(rng.standard_normal((b3 * b2, m, reduce)), x_type)
+    y = np.zeros((b3 * b2, m, outs), np.float32 if out_f32 or x_type == F32 else NP_TYPES[x_type])
+    args = QuantizedMatmulArgs(ptr(x), ptr(w), ptr(y), m, n, k, w.shape[-1], b3 * b2, b2, a2, b2 // a2, b3 // a3,
+                               out_f32)
+    assert kernels.emulated_quantized_matmul(args, int(t), x_type, int(transpose)) == 0
+    xs = loaded(x, x_type)
+    expected = np.empty(y.shape)
+    for z in range(b3 * b2):
+        wz = w_values[(z // b2 // (b3 // a3)) * a2 + (z % b2) // (b2 // a2)]
+        expected[z] = xs[z] @ (wz if transpose else wz.T)
+    got = y.astype(np.float64) if y.dtype != np.uint16 else loaded(y, BF16)
+    return got, expected
+
+
+@pytest.mark.parametrize("t", list(GGMLType), ids=lambda t: t.name)
+@pytest.mark.parametrize("m, transpose", [(1, False), (3, False), (8, False), (9, False), (70, False),
+                                          (1, True), (70, True)], ids=str)
+def test_quantized_matmul_float32(kernels, t, m, transpose):
+    """float32 x: decode kernel (m <= 8) and FMA tiles; against float64 on gguf-independent decoded weights."""
+    got, expected = matmul_case(kernels, t, F32, m, transpose)
+    assert nmse(got, expected) < 1e-10
+
+
+@pytest.mark.parametrize("x_type", [F16, BF16])
+@pytest.mark.parametrize("t", [GGMLType.Q4_0, GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0, GGMLType.IQ4_XS,
+                               GGMLType.MXFP4, GGMLType.F16, GGMLType.F32], ids=lambda t: t.name)
+@pytest.mark.parametrize("m, transpose, out_f32", [(2, False, False), (70, False, False), (70, True, True)], ids=str)
+def test_quantized_matmul_half_inputs(kernels, t, x_type, m, transpose, out_f32):
+    """float16/bfloat16 x: the decode kernel, and the tensor-core tiles (the weight rounded to x's type),
+    float32 sums."""
+    got, expected = matmul_case(kernels, t, x_type, m, transpose, out_f32=out_f32)
+    bound = {F16: 2e-6, BF16: 1e-4}[x_type]  # one rounding of weight and output: (2^-11)^2 or (2^-8)^2 scale
+    assert nmse(got, expected) < bound
+
+
+@pytest.mark.parametrize("t", [GGMLType.Q5_1, GGMLType.Q3_K, GGMLType.BF16], ids=lambda t: t.name)
+@pytest.mark.parametrize("m, transpose", [(3, False), (70, False), (5, True)], ids=str)
+def test_quantized_matmul_broadcasting(kernels, t, m, transpose):
+    """ggml's broadcasting: x batches (2, 4) over weight batches (1, 2)."""
+    got, expected = matmul_case(kernels, t, F32, m, transpose, batch=(2, 4), w_batch=(1, 2))
+    assert nmse(got, expected) < 1e-10
