@@ -86,3 +86,45 @@ def test_rms_norm(metal, dtype, dim, rows, weighted):
     got = to_f32(out[2]).reshape(rows, dim)
     expected = rms_norm_reference(to_f32(x), to_f32(w) if weighted else None, eps)
     assert_close(got, expected, TOL[dtype], f"rms_norm {dtype}")
+
+
+# ---------------------------------------------------------------------------------------------------
+# dequantize
+# ---------------------------------------------------------------------------------------------------
+QUANT_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL",
+               "IQ4_XS", "MXFP4"]
+FLOAT_TYPES = ["F32", "F16", "BF16"]
+
+
+def same_bits_or_both_nan(got: np.ndarray, expected: np.ndarray) -> bool:
+    nan = np.isnan(expected)
+    return bool(np.array_equal(np.isnan(got), nan) and np.array_equal(got[~nan], expected[~nan])
+                and np.array_equal(np.signbit(got[~nan]), np.signbit(expected[~nan])))
+
+
+def rounded_to(expected_f32: np.ndarray, dtype: str) -> np.ndarray:
+    _, to_storage, to_f32 = DTYPES[dtype]
+    return to_f32(to_storage(expected_f32))
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("type_name", QUANT_TYPES + FLOAT_TYPES)
+def test_dequantize_every_byte_pattern(metal, type_name, dtype):
+    """Random bytes (NaN/inf/subnormal scales included) decode to gguf's float32 bits, rounded once for
+    float16/bfloat16."""
+    import gguf
+
+    qtype = gguf.GGMLQuantizationType[type_name]
+    block_size, type_size = gguf.GGML_QUANT_SIZES[qtype]
+    n_blocks = 7 if block_size > 1 else 300
+    rng = np.random.default_rng(int(qtype) * 3 + len(dtype))
+    data = rng.integers(0, 256, (n_blocks, type_size), dtype=np.uint8)
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN/inf scales are part of the test
+        expected = gguf.quants.dequantize(data, qtype).astype(np.float32).reshape(-1)
+    units = n_blocks * block_size // 16 if block_size > 1 else n_blocks
+    storage = DTYPES[dtype][0]
+    out = metal.dispatch(f"dequantize_{type_name.lower()}_{dtype}", groups=(-(-units // 64),), threads=(64,),
+                         buffers={0: data, 1: np.full(expected.size, 0xFF, storage),
+                                  2: np.array([units], np.uint32)}, seed=int(qtype))
+    got = DTYPES[dtype][2](out[1])
+    assert same_bits_or_both_nan(got, rounded_to(expected, dtype)), type_name
