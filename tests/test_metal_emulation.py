@@ -128,3 +128,69 @@ def test_dequantize_every_byte_pattern(metal, type_name, dtype):
                                   2: np.array([units], np.uint32)}, seed=int(qtype))
     got = DTYPES[dtype][2](out[1])
     assert same_bits_or_both_nan(got, rounded_to(expected, dtype)), type_name
+
+
+# ---------------------------------------------------------------------------------------------------
+# rope
+# ---------------------------------------------------------------------------------------------------
+def rope_host_constants(n_dims, freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow, n_ctx_orig,
+                        inverse):
+    """What csrc/rope.cpp's rope_angles/rope_ramp give the kernels: theta_scale, mscale, sin_sign, and the
+    YaRN mix per pair (None without YaRN), in float32 as the SPEC states them."""
+    f32 = np.float32
+    theta_scale = f32(np.float64(f32(freq_base)) ** np.float64(f32(-2.0) / f32(n_dims)))
+    mscale, ramp = f32(attn_factor), None
+    if ext_factor != 0.0:
+        def corr_dim(beta):
+            return (f32(n_dims) * np.log(f32(n_ctx_orig) / (f32(beta) * f32(2.0) * f32(np.pi)))
+                    / (f32(2.0) * np.log(f32(freq_base))))
+        low = max(f32(0.0), np.floor(corr_dim(beta_fast)))
+        high = min(f32(n_dims - 1), np.ceil(corr_dim(beta_slow)))
+        y = (np.arange(n_dims // 2, dtype=f32) - f32(low)) / max(f32(0.001), f32(high - low))
+        ramp = ((f32(1.0) - np.clip(y, f32(0.0), f32(1.0))) * f32(ext_factor)).astype(f32)
+        mscale = f32(mscale * (f32(1.0) + f32(0.1) * np.log(f32(1.0) / f32(freq_scale))))
+    return theta_scale, mscale, f32(-1.0 if inverse else 1.0), ramp
+
+
+ROPE_CASES = {
+    "normal": dict(shape=(2, 3, 2, 16), n_dims=16, mode="normal"),
+    "neox-partial": dict(shape=(1, 4, 3, 20), n_dims=12, mode="neox"),
+    "yarn-factors-long": dict(shape=(2, 2, 2, 32), n_dims=32, mode="neox", freq_scale=0.25, ext_factor=1.0,
+                              n_ctx_orig=4096, factors=True, max_position=100000),
+    "inverse-per-batch-positions": dict(shape=(3, 2, 2, 8), n_dims=8, mode="normal", inverse=True,
+                                        positions_per_batch=True),
+}
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("case", list(ROPE_CASES))
+def test_rope(metal, case, dtype):
+    import mlx_ggml_ext.reference as reference
+
+    c = ROPE_CASES[case]
+    batches, tokens, heads, dim = c["shape"]
+    n_dims, neox = c["n_dims"], c["mode"] == "neox"
+    params = dict(freq_base=10000.0, freq_scale=c.get("freq_scale", 1.0), ext_factor=c.get("ext_factor", 0.0),
+                  attn_factor=1.0, beta_fast=32.0, beta_slow=1.0, n_ctx_orig=c.get("n_ctx_orig", 0))
+    storage, to_storage, to_f32 = DTYPES[dtype]
+    rng = np.random.default_rng(len(case))
+    x = to_storage(rng.standard_normal(c["shape"]))
+    position_rows = batches if c.get("positions_per_batch") else 1
+    positions = rng.integers(0, c.get("max_position", 64), (position_rows, tokens)).astype(np.int32)
+    factors = rng.uniform(1.0, 4.0, n_dims // 2).astype(np.float32) if c.get("factors") else None
+    theta_scale, mscale, sin_sign, ramp = rope_host_constants(n_dims, inverse=c.get("inverse", False), **params)
+    args = (np.array([tokens, heads, dim, n_dims, batches // position_rows, batches, int(neox),
+                      int(factors is not None), int(ramp is not None)], np.uint32).tobytes()
+            + np.array([theta_scale, params["freq_scale"], mscale, sin_sign], np.float32).tobytes())
+    unused = np.zeros(4, np.float32)  # csrc/backend/metal binds x there; any buffer will do
+    out = metal.dispatch(f"rope_{dtype}", groups=(tokens, batches), threads=(64,),
+                         buffers={0: x, 1: np.full(x.shape, 0xFF, storage), 2: positions,
+                                  3: factors if factors is not None else unused,
+                                  4: ramp if ramp is not None else unused, 5: args},
+                         threadgroup={0: -(-n_dims * 4 // 16) * 16}, seed=len(case))
+    got = to_f32(out[1]).reshape(x.shape)
+    xf = to_f32(x).reshape(x.shape)
+    for b in range(batches):
+        expected = reference.rope(xf[b], positions[b // (batches // position_rows)], n_dims, c["mode"], freq_factors=factors,
+                                  inverse=c.get("inverse", False), **params)
+        assert_close(got[b], expected, TOL[dtype], f"rope {case} {dtype} batch {b}")
