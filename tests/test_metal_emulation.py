@@ -194,3 +194,91 @@ def test_rope(metal, case, dtype):
         expected = reference.rope(xf[b], positions[b // (batches // position_rows)], n_dims, c["mode"], freq_factors=factors,
                                   inverse=c.get("inverse", False), **params)
         assert_close(got[b], expected, TOL[dtype], f"rope {case} {dtype} batch {b}")
+
+
+# ---------------------------------------------------------------------------------------------------
+# quantized_matmul (the QuantizedMatmul primitive: forward decode, forward prefill, transposed)
+# ---------------------------------------------------------------------------------------------------
+# Byte offsets of the float16 scale fields per type (SPEC block table), set to sane values in random blocks
+# so the products are finite; MXFP4's E8M0 exponent is byte 0.
+SCALE_FIELDS = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0], "Q2_K": [80, 82],
+                "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "IQ4_NL": [0], "IQ4_XS": [0]}
+OUT_TYPES = {"f32": 0, "f16": 1, "bf16": 2}
+
+
+def random_weight(rng, type_name, n, k):
+    """(N, row_bytes) uint8 weight rows of `type_name` with finite values, and their float64 values (gguf)."""
+    import gguf
+
+    if type_name in FLOAT_TYPES:
+        dtype = {"F32": "f32", "F16": "f16", "BF16": "bf16"}[type_name]
+        stored = DTYPES[dtype][1](rng.standard_normal((n, k)))
+        return stored.view(np.uint8).reshape(n, -1), DTYPES[dtype][2](stored).astype(np.float64)
+    qtype = gguf.GGMLQuantizationType[type_name]
+    block_size, type_size = gguf.GGML_QUANT_SIZES[qtype]
+    blocks = rng.integers(0, 256, (n, k // block_size, type_size), dtype=np.uint8)
+    if type_name == "MXFP4":
+        blocks[:, :, 0] = rng.integers(120, 130, blocks.shape[:2])
+    for offset in SCALE_FIELDS.get(type_name, []):
+        scales = rng.uniform(0.002, 0.05, blocks.shape[:2]).astype(np.float16)
+        blocks[:, :, offset:offset + 2] = scales.view(np.uint8).reshape(*blocks.shape[:2], 2)
+    w = blocks.reshape(n, -1)
+    return w, gguf.quants.dequantize(w, qtype).astype(np.float64).reshape(n, k)
+
+
+def matmul_args(M, N, K, row_bytes, B2, A2, r3, out_type):
+    return np.array([M, N, K, row_bytes, B2, A2, B2 // A2, r3, out_type], np.uint32)
+
+
+def run_matmul(metal, kernel, type_name, x_dtype, out_dtype, M, N, K, B2=2, A2=1, transposed=False, seed=0):
+    """Dispatches one matmul kernel as csrc/backend/metal does and returns (got, expected) in float64."""
+    rng = np.random.default_rng(seed)
+    w, w64 = random_weight(rng, type_name, A2 * N, K)
+    kx = N if transposed else K
+    x = DTYPES[x_dtype][1](rng.standard_normal((B2, M, kx)))
+    out_cols = K if transposed else N
+    if kernel == "qmv":
+        groups, threads, tg = (-(-N // 8), -(-M // 4), B2), (128,), {}
+    else:
+        groups, threads, tg = (-(-out_cols // 32), -(-M // 32), B2), (128,), {0: 2 * 32 * 32 * 4}
+    name = f"{kernel}_{'t_' if transposed else ''}{type_name.lower()}_{x_dtype}"
+    out = metal.dispatch(name, groups, threads, threadgroup=tg, seed=seed,
+                         buffers={0: x, 1: w, 2: np.full((B2, M, out_cols), 0xFF, DTYPES[out_dtype][0]),
+                                  3: matmul_args(M, N, K, w.shape[1], B2, A2, 1, OUT_TYPES[out_dtype])})
+    got = DTYPES[out_dtype][2](out[2]).reshape(B2, M, out_cols)
+    x64 = DTYPES[x_dtype][2](x).astype(np.float64).reshape(B2, M, kx)
+    w64 = w64.reshape(A2, N, K)
+    expected = np.stack([x64[z] @ (w64[z // (B2 // A2)] if transposed else w64[z // (B2 // A2)].T)
+                         for z in range(B2)])
+    return got, expected
+
+
+MATMUL_TOL = {"f32": 1e-5, "f16": 1e-3, "bf16": 8e-3}
+
+
+def matmul_k(type_name):
+    import gguf
+
+    if type_name in FLOAT_TYPES:
+        return 40  # not a whole number of 16-element runs: the float decoders' tail
+    return 2 * gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[type_name]][0]
+
+
+@pytest.mark.parametrize("x_dtype", list(DTYPES))
+@pytest.mark.parametrize("type_name", QUANT_TYPES + FLOAT_TYPES)
+def test_quantized_matmul_every_type(metal, type_name, x_dtype):
+    """Decode (M=3), prefill (M=37: two row tiles, edge tiles) and the transposed product, weight batch
+    broadcast over two x batches, output in x's dtype, against gguf's dequantization in float64."""
+    K = matmul_k(type_name)
+    for kernel, M, transposed in [("qmv", 3, False), ("qmm", 37, False), ("qmm", 5, True)]:
+        got, expected = run_matmul(metal, kernel, type_name, x_dtype, x_dtype, M=M, N=9 if kernel == "qmv" else 40,
+                                   K=K, transposed=transposed, seed=len(type_name) + M)
+        assert_close(got, expected, MATMUL_TOL[x_dtype], f"{kernel} {type_name} {x_dtype} T={transposed}")
+
+
+@pytest.mark.parametrize("kernel,transposed", [("qmv", False), ("qmm", False), ("qmm", True)])
+def test_quantized_matmul_float32_output_and_grouped_batches(metal, kernel, transposed):
+    """mul_mat's form: float16 x, float32 output, 4 x batches over 2 weight batches (GQA broadcasting)."""
+    got, expected = run_matmul(metal, kernel, "Q4_K", "f16", "f32", M=6, N=17, K=256, B2=4, A2=2,
+                               transposed=transposed, seed=5)
+    assert_close(got, expected, MATMUL_TOL["f32"], f"{kernel} T={transposed}")

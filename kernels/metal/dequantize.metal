@@ -2,19 +2,7 @@
 // shared reference decoders of kernels/common/ggml_blocks.h, so float32 output has the same bits as the
 // CPU kernels and gguf (those decoders keep ggml's products and sums in separate statements, which
 // clang's default contraction, -ffp-contract=on, does not fuse). float16/bfloat16 round that float32 once.
-#include "kernels/metal/common.h"
-
-// A decoder per quantized type, from the shared type list: its block struct, elements per block and the
-// reference decoder of one run of 16 elements.
-#define GGML_EXT_METAL_DECODER(NAME, name, id, qk, bytes)                 \
-  struct decoder_##name {                                                 \
-    typedef block_##name block;                                           \
-    enum { block_size = qk };                                             \
-    template <typename P, typename Y>                                     \
-    static void run16(P b, int chunk, Y y) { ggml_ext_dequant16_##name(b, chunk, y); } \
-  };
-GGML_EXT_FOR_EACH_QUANT_TYPE(GGML_EXT_METAL_DECODER)
-#undef GGML_EXT_METAL_DECODER
+#include "kernels/metal/decoders.h"
 
 // One thread per run of 16 elements: decodes it into registers, then writes it.
 #define GGML_EXT_DEQUANTIZE_PARAMS(T)                                                           \
@@ -24,11 +12,8 @@ GGML_EXT_FOR_EACH_QUANT_TYPE(GGML_EXT_METAL_DECODER)
 template <typename D, typename T>
 [[kernel]] void dequantize_blocks(GGML_EXT_DEQUANTIZE_PARAMS(T)) {
   if (unit >= args.units) return;  // the last threadgroup's spare threads (no barrier follows)
-  const uint runs_per_block = D::block_size / 16;
-  const uint block = unit / runs_per_block;
-  device const typename D::block* b = (device const typename D::block*)(blocks + size_t(block) * sizeof(typename D::block));
   float values[16];
-  D::run16(b, int(unit % runs_per_block), values);
+  D::row16(blocks, unit, 0, values);  // the blocks as one long row
   device T* y = out + size_t(unit) * 16;
   for (int j = 0; j < 16; ++j) y[j] = FloatIO<T>::store(values[j]);
 }
