@@ -12,6 +12,7 @@
 #include "csrc/mapped_file.h"
 #include "csrc/dequantize.h"
 #include "csrc/quantize.h"
+#include "csrc/quantized_matmul.h"
 #include "csrc/rms_norm.h"
 #include "csrc/rope.h"
 #include "kernels/cpu/isa.h"
@@ -94,6 +95,16 @@ NB_MODULE(_ext, m) {
         "stream"_a = nb::none(), "Raw ggml blocks (uint8) of a tensor of logical `shape` as floats.");
   m.def("quantize", &quantize, "w"_a, "ggml_type"_a, nb::kw_only(), "stream"_a = nb::none(),
         "Float tensor (..., K) as ggml blocks, uint8 (rows, bytes_per_row).");
+
+  m.def("quantized_matmul", &quantized_matmul, "x"_a, "w"_a, "ggml_type"_a = -1, nb::kw_only(),
+        "stream"_a = nb::none(),
+        "x (..., K) @ W^T for W (N, K) given as ggml blocks (uint8 (N, row_bytes), with ggml_type) or floats.");
+  m.def("mul_mat",
+        [](const mx::array& a, int type, const std::vector<int>& a_shape, const mx::array& b, mx::StreamOrDevice s) {
+          return mul_mat(a, type, mx::Shape(a_shape.begin(), a_shape.end()), b, s);
+        },
+        "a"_a, "ggml_type"_a, "a_shape"_a, "b"_a, nb::kw_only(), "stream"_a = nb::none(),
+        "ggml_mul_mat in MLX order: a (A3, A2, M, K) blocks or floats, b (B3, B2, N, K) -> (B3, B2, N, M) f32.");
 
   m.def("rope",
         [](const mx::array& x, const std::variant<mx::array, int>& positions, int n_dims,

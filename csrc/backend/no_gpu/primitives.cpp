@@ -1,6 +1,7 @@
 // A build without a GPU backend: every primitive's eval_gpu says so.
 #include "csrc/dequantize.h"
 #include "csrc/quantize.h"
+#include "csrc/quantized_matmul.h"
 #include "csrc/rms_norm.h"
 #include "csrc/rope.h"
 
@@ -10,5 +11,6 @@ MLX_GGML_EXT_NO_GPU_KERNEL(RMSNorm)
 MLX_GGML_EXT_NO_GPU_KERNEL(RoPE)
 MLX_GGML_EXT_NO_GPU_KERNEL(Dequantize)
 MLX_GGML_EXT_NO_GPU_KERNEL(Quantize)
+MLX_GGML_EXT_NO_GPU_KERNEL(QuantizedMatmul)
 
 }  // namespace mlx_ggml_ext

@@ -1,0 +1,201 @@
+#include "csrc/quantized_matmul.h"
+
+#include "csrc/ggml_types.h"
+#include "kernels/common/ggml_blocks.h"
+
+namespace mlx_ggml_ext {
+namespace {
+
+constexpr const char* kOp = "quantized_matmul";
+constexpr const char* kMulMat = "mul_mat";
+
+// Elements per weight row held by `row_bytes` bytes of blocks.
+int64_t row_elements(int type, int64_t row_bytes) {
+  const auto info = ggml_type_info(type, kOp);
+  return row_bytes / info.type_size * info.block_size;
+}
+
+mx::array product_node(const mx::array& x, const mx::array& w, int type, bool transpose, mx::Dtype out_dtype,
+                       mx::StreamOrDevice s) {
+  auto stream = mx::to_stream(s);
+  const int64_t cols = transpose ? row_elements(type, w.shape(3)) : w.shape(2);
+  mx::Shape shape = {x.shape(0), x.shape(1), x.shape(2), static_cast<int>(cols)};
+  return mx::array(shape, out_dtype, std::make_shared<QuantizedMatmul>(stream, type, transpose, out_dtype),
+                   {row_contiguous(x, stream), row_contiguous(w, stream)});
+}
+
+// A float weight's ggml type (from its dtype) and its bytes as uint8 rows; raw blocks pass through.
+struct WeightBytes {
+  mx::array bytes;
+  int type;
+};
+
+WeightBytes weight_bytes(const mx::array& w, int ggml_type, const char* op, const char* arg,
+                         mx::StreamOrDevice s) {
+  if (w.dtype() == mx::uint8) {
+    if (ggml_type < 0) {
+      throw type_error(cat("[", op, "] ", arg, " is uint8 (raw ggml blocks): give its ggml type."));
+    }
+    ggml_type_info(ggml_type, op);
+    return {w, ggml_type};
+  }
+  check_float_dtype(w, op, arg);
+  const int type = w.dtype() == mx::float32   ? GGML_EXT_TYPE_F32
+                   : w.dtype() == mx::float16 ? GGML_EXT_TYPE_F16
+                                              : GGML_EXT_TYPE_BF16;
+  if (ggml_type >= 0 && ggml_type != type) {
+    throw type_error(cat("[", op, "] ", arg, " is a ", dtype_str(w.dtype()), " array but ggml_type says ",
+                         ggml_type_info(ggml_type, op).name, "; pass raw blocks as uint8."));
+  }
+  if (w.ndim() == 0) throw std::invalid_argument(cat("[", op, "] ", arg, " must have at least one dimension."));
+  mx::Shape shape = w.shape();
+  shape.back() *= static_cast<int>(w.itemsize());
+  return {mx::reshape(mx::view(row_contiguous(w, s), mx::uint8, s), shape, s), type};
+}
+
+// The elements of a K-long row: a clear error when K does not fill whole blocks of the type.
+int64_t checked_row_bytes(int type, int64_t K, const char* op) {
+  const auto info = ggml_type_info(type, op);
+  if (K % info.block_size != 0) {
+    throw std::invalid_argument(cat("[", op, "] K = ", K, " is not a multiple of ", info.name,
+                                    "'s block size ", info.block_size, "; ", info.name,
+                                    " weights need rows of whole blocks."));
+  }
+  return ggml_row_bytes(info, K, op);
+}
+
+mx::Shape padded_to_4d(const mx::Shape& shape) {
+  mx::Shape out(4 - shape.size(), 1);
+  out.insert(out.end(), shape.begin(), shape.end());
+  return out;
+}
+
+}  // namespace
+
+mx::array quantized_matmul(const mx::array& x, const mx::array& w_blocks, int ggml_type, mx::StreamOrDevice s) {
+  check_float_dtype(x, kOp, "x");
+  if (x.ndim() == 0) throw std::invalid_argument(cat("[", kOp, "] x must have at least one dimension."));
+  const auto w = weight_bytes(w_blocks, ggml_type, kOp, "w", s);
+  const auto info = ggml_type_info(w.type, kOp);
+  const int64_t K = x.shape(-1);
+  const int64_t row_bytes = checked_row_bytes(w.type, K, kOp);
+  if (w.bytes.ndim() != 2 || w.bytes.shape(1) != row_bytes) {
+    throw std::invalid_argument(cat("[", kOp, "] x has K = ", K, ", so a ", info.name, " weight (N, ", K,
+                                    ") needs blocks of shape (N, ", row_bytes, ") (bytes per row), got ",
+                                    shape_str(w.bytes.shape()), "."));
+  }
+  const int rows = static_cast<int>(x.size() / std::max<int64_t>(1, K));
+  auto x4 = mx::reshape(x, {1, 1, rows, static_cast<int>(K)}, s);
+  auto w4 = mx::reshape(w.bytes, {1, 1, w.bytes.shape(0), static_cast<int>(row_bytes)}, s);
+  auto out = product_node(x4, w4, w.type, /*transpose=*/false, x.dtype(), s);
+  mx::Shape out_shape = x.shape();
+  out_shape.back() = w.bytes.shape(0);
+  return mx::reshape(out, out_shape, s);
+}
+
+mx::array mul_mat(const mx::array& a, int ggml_type, const mx::Shape& a_shape, const mx::array& b,
+                  mx::StreamOrDevice s) {
+  check_float_dtype(b, kMulMat, "b");
+  const auto w = weight_bytes(a, ggml_type, kMulMat, "a", s);
+  const mx::Shape logical = a.dtype() == mx::uint8 ? a_shape : a.shape();  // blocks carry their shape apart
+  if (logical.empty() || logical.size() > 4 || b.ndim() < 1 || b.ndim() > 4) {
+    throw std::invalid_argument(cat("[", kMulMat, "] a and b must have 1 to 4 dimensions (ggml tensors), got a ",
+                                    shape_str(logical), " and b ", shape_str(b.shape()), "."));
+  }
+  const auto a4 = padded_to_4d(logical), b4 = padded_to_4d(b.shape());
+  const int64_t K = a4[3];
+  if (b4[3] != K) {
+    throw std::invalid_argument(cat("[", kMulMat, "] a ", shape_str(logical), " and b ", shape_str(b.shape()),
+                                    " must agree on K (the last axis, ggml's ne0): ", K, " != ", b4[3], "."));
+  }
+  if (b4[1] % a4[1] != 0 || b4[0] % a4[0] != 0) {
+    throw std::invalid_argument(cat("[", kMulMat, "] b's batch axes ", shape_str(b.shape()),
+                                    " must be multiples of a's ", shape_str(logical),
+                                    " (ggml broadcasts a over b: B2 % A2 == 0 and B3 % A3 == 0)."));
+  }
+  const int64_t row_bytes = checked_row_bytes(w.type, K, kMulMat);
+  const int64_t a_rows = static_cast<int64_t>(a4[0]) * a4[1] * a4[2];
+  if (static_cast<int64_t>(w.bytes.size()) != a_rows * row_bytes) {
+    throw std::invalid_argument(cat("[", kMulMat, "] a ", ggml_type_info(w.type, kMulMat).name, " tensor of shape ",
+                                    shape_str(logical), " needs ", a_rows, " x ", row_bytes,
+                                    " bytes, got data of shape ", shape_str(w.bytes.shape()), "."));
+  }
+  auto w4 = mx::reshape(w.bytes, {a4[0], a4[1], a4[2], static_cast<int>(row_bytes)}, s);
+  auto out = product_node(mx::reshape(b, b4, s), w4, w.type, /*transpose=*/false, mx::float32, s);
+  const size_t nd = std::max(logical.size(), static_cast<size_t>(b.ndim()));
+  mx::Shape out_shape(out.shape().end() - nd, out.shape().end());
+  return mx::reshape(out, out_shape, s);
+}
+
+bool QuantizedMatmul::is_equivalent(const mx::Primitive& other) const {
+  const auto& o = static_cast<const QuantizedMatmul&>(other);
+  return type_ == o.type_ && transpose_ == o.transpose_ && out_dtype_ == o.out_dtype_;
+}
+
+std::vector<mx::Shape> QuantizedMatmul::output_shapes(const std::vector<mx::array>& inputs) {
+  const auto& x = inputs[0];
+  const auto& w = inputs[1];
+  const int cols = transpose_ ? static_cast<int>(row_elements(type_, w.shape(3))) : w.shape(2);
+  return {{x.shape(0), x.shape(1), x.shape(2), cols}};
+}
+
+namespace {
+[[noreturn]] void throw_weight_not_differentiable(const char* what) {
+  throw std::invalid_argument(cat("[", kOp, "] the weight is raw ggml blocks (uint8 bytes), which have no ",
+                                  what, "; quantized_matmul and mul_mat are differentiable in x (b) only. "
+                                  "Train a float adapter (e.g. LoRA) beside the quantized weight instead."));
+}
+}  // namespace
+
+std::vector<mx::array> QuantizedMatmul::vjp(const std::vector<mx::array>& primals,
+                                            const std::vector<mx::array>& cotangents,
+                                            const std::vector<int>& argnums, const std::vector<mx::array>&) {
+  std::vector<mx::array> grads;
+  for (int arg : argnums) {
+    if (arg != 0) throw_weight_not_differentiable("gradient");
+    // The product is linear in x: its transpose applied to the cotangent, on the same blocks.
+    grads.push_back(product_node(cotangents[0], primals[1], type_, !transpose_, primals[0].dtype(), stream()));
+  }
+  return grads;
+}
+
+std::vector<mx::array> QuantizedMatmul::jvp(const std::vector<mx::array>& primals,
+                                            const std::vector<mx::array>& tangents, const std::vector<int>& argnums) {
+  for (int arg : argnums) {
+    if (arg != 0) throw_weight_not_differentiable("tangent");
+  }
+  return {product_node(tangents[0], primals[1], type_, transpose_, out_dtype_, stream())};
+}
+
+std::pair<std::vector<mx::array>, std::vector<int>> QuantizedMatmul::vmap(const std::vector<mx::array>& inputs,
+                                                                           const std::vector<int>& axes) {
+  const auto s = stream();
+  auto x = inputs[0];
+  auto w = inputs[1];
+  const int x_axis = axes[0], w_axis = axes.size() > 1 ? axes[1] : -1;
+  if (w_axis < 0) {
+    // Only x is mapped: the mapped axis joins x's rows (M), so every batch meets the same weight.
+    x = mx::moveaxis(x, x_axis, 2, s);  // (B3, B2, V, M, K)
+    const int V = x.shape(2);
+    auto x4 = mx::reshape(x, {x.shape(0), x.shape(1), V * x.shape(3), x.shape(4)}, s);
+    auto out = product_node(x4, w, type_, transpose_, out_dtype_, s);
+    return {{mx::reshape(out, {x.shape(0), x.shape(1), V, x.shape(3), out.shape(3)}, s)}, {2}};
+  }
+  // A batch of weights: the mapped axis becomes the outermost batch of both, (V * B3, ...) against
+  // (V * A3, ...), which ggml's broadcasting pairs batch by batch.
+  w = mx::moveaxis(w, w_axis, 0, s);
+  const int V = w.shape(0);
+  if (x_axis < 0) {
+    mx::Shape shape = x.shape();
+    shape.insert(shape.begin(), V);
+    x = mx::broadcast_to(x, shape, s);
+  } else {
+    x = mx::moveaxis(x, x_axis, 0, s);
+  }
+  auto w4 = mx::reshape(w, {V * w.shape(1), w.shape(2), w.shape(3), w.shape(4)}, s);
+  auto x4 = mx::reshape(x, {V * x.shape(1), x.shape(2), x.shape(3), x.shape(4)}, s);
+  auto out = product_node(x4, w4, type_, transpose_, out_dtype_, s);
+  return {{mx::reshape(out, {V, x.shape(1), x.shape(2), x.shape(3), out.shape(3)}, s)}, {0}};
+}
+
+}  // namespace mlx_ggml_ext
