@@ -1,16 +1,181 @@
-// Metal: the primitives whose Metal kernel is not written yet say so.
+// Metal: eval_gpu of every primitive that has a Metal kernel (kernels/metal/*.metal), each through the
+// one dispatch helper, MetalKernel. Grids and arguments here are the ones tests/test_metal_emulation.py
+// gives the kernels on the emulator; keep the two in step. Not run on Apple hardware.
+#include <algorithm>
+#include <cctype>
+#include <limits>
+
+#include "csrc/backend/metal/metal_kernel.h"
 #include "csrc/dequantize.h"
+#include "csrc/ggml_types.h"
 #include "csrc/quantize.h"
 #include "csrc/quantized_matmul.h"
 #include "csrc/rms_norm.h"
 #include "csrc/rope.h"
+#include "kernels/common/ggml_blocks.h"
+#include "kernels/metal/params.h"
 
 namespace mlx_ggml_ext {
+namespace {
 
-MLX_GGML_EXT_NO_GPU_KERNEL(RMSNorm)
-MLX_GGML_EXT_NO_GPU_KERNEL(RoPE)
-MLX_GGML_EXT_NO_GPU_KERNEL(Dequantize)
+namespace gm = ggml_ext_metal;
+
+// The kernels index with 32-bit counts (and 64-bit offsets): a clear error rather than a wrap.
+uint32_t checked_u32(int64_t v, const char* op, const char* what) {
+  if (v < 0 || v > std::numeric_limits<uint32_t>::max()) {
+    throw std::invalid_argument(cat("[", op, "] ", what, " = ", v, " is too large for the Metal kernels."));
+  }
+  return static_cast<uint32_t>(v);
+}
+
+size_t ceil_div(size_t n, size_t d) { return (n + d - 1) / d; }
+
+// The type's name as the kernels spell it: "q4_k", "f32".
+std::string kernel_type_name(int type, const char* op) {
+  std::string name = ggml_type_info(type, op).name;
+  std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
+  return name;
+}
+
+// Blocks are read through their uint16 fields (float weights as whole elements): the data must be aligned
+// for them. MLX's buffers are; a view at an odd byte offset into one would not be.
+void check_block_alignment(const mx::array& a, int type, const char* op) {
+  const size_t align = type == GGML_EXT_TYPE_F32 ? 4 : type == GGML_EXT_TYPE_MXFP4 ? 1 : 2;
+  if (reinterpret_cast<uintptr_t>(a.data<uint8_t>()) % align != 0) {
+    throw std::invalid_argument(cat("[", op, "] the ", ggml_type_info(type, op).name, " data starts at an offset ",
+                                    "not aligned to ", align, " bytes; the Metal kernels need it (copy it first)."));
+  }
+}
+
+}  // namespace
+
+void RMSNorm::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  constexpr const char* op = "rms_norm";
+  const auto& x = inputs[0];  // row-contiguous: the op inserted the copies
+  allocate_like_or_donate(x, out);
+  if (out.size() == 0) return;
+  const bool weighted = inputs.size() > 1;
+  const int64_t dim = x.shape(-1), rows = x.size() / dim;
+  const int64_t groups = weighted ? inputs[1].size() / dim : 1;
+  const gm::RmsNormArgs args{checked_u32(dim, op, "row length"), checked_u32(rows / groups, op, "rows"),
+                             weighted ? 1u : 0u, eps_};
+  // One simdgroup per 128 elements of the row, 1 to 8 of them; one threadgroup per row.
+  const size_t threads = std::clamp<size_t>(ceil_div(dim, 128) * 32, 32, 256);
+  MetalKernel(stream(), cat("rms_norm_", metal_dtype_suffix(out.dtype())))
+      .input(x, 0)
+      .input(weighted ? inputs[1] : x, 1)  // never read without a weight; any buffer will do
+      .output(out, 2)
+      .bytes(args, 3)
+      .threadgroup_memory(32 * sizeof(float), 0)  // one partial sum per simdgroup
+      .dispatch(MTL::Size(checked_u32(rows, op, "rows"), 1, 1), MTL::Size(threads, 1, 1));
+}
+
+void RoPE::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  constexpr const char* op = "rope";
+  const auto& x = inputs[0];  // every input row-contiguous: the op inserted the copies
+  const auto& positions = inputs[1];
+  const bool has_factors = inputs.size() > 2;
+  output_shapes(inputs);  // throws on inputs that do not fit (never divide by zero below)
+  allocate_like_or_donate(x, out);
+  if (out.size() == 0) return;
+  const int64_t dim = x.shape(-1), heads = x.shape(-2), tokens = x.shape(-3);
+  const int64_t batches = x.size() / (tokens * heads * dim);
+  const int64_t pairs = params_.n_dims / 2;
+  const int64_t positions_rows = positions.size() / tokens;
+  const int64_t factors_rows = has_factors ? inputs[2].size() / pairs : 1;
+  const auto angles = rope_angles(params_, inverse_);
+  const auto ramp = rope_ramp(params_);
+  const gm::RopeArgs args{checked_u32(tokens, op, "tokens"),
+                          checked_u32(heads, op, "heads"),
+                          checked_u32(dim, op, "head dim"),
+                          static_cast<uint32_t>(params_.n_dims),
+                          checked_u32(batches / positions_rows, op, "batches"),
+                          checked_u32(batches / factors_rows, op, "batches"),
+                          params_.mode == RopeMode::neox ? 1u : 0u,
+                          has_factors ? 1u : 0u,
+                          ramp.empty() ? 0u : 1u,
+                          angles.theta_scale,
+                          angles.freq_scale,
+                          angles.mscale,
+                          angles.sin_sign};
+  if (2 * pairs * sizeof(float) > 32768) {
+    throw std::invalid_argument(cat("[", op, "] n_dims = ", params_.n_dims, " exceeds the Metal kernel's table."));
+  }
+  const size_t threads = std::clamp<size_t>(ceil_div(heads * pairs, 32) * 32, 32, 256);
+  MetalKernel kernel(stream(), cat("rope_", metal_dtype_suffix(out.dtype())));
+  kernel.input(x, 0).output(out, 1).input(positions, 2).input(has_factors ? inputs[2] : x, 3);
+  if (ramp.empty()) {
+    kernel.input(x, 4);  // never read without YaRN
+  } else {
+    kernel.temporary_input(mx::array(ramp.begin(), {static_cast<int>(ramp.size())}, mx::float32), 4);
+  }
+  kernel.bytes(args, 5)
+      .threadgroup_memory(2 * pairs * sizeof(float), 0)  // cos and sin of every pair of the token
+      .dispatch(MTL::Size(args.tokens, checked_u32(batches, op, "batches"), 1), MTL::Size(threads, 1, 1));
+}
+
+void Dequantize::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  constexpr const char* op = "dequantize";
+  const auto& blocks = inputs[0];  // row-contiguous: the op inserted the copy
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  if (out.size() == 0) return;
+  check_block_alignment(blocks, type_, op);
+  const auto info = ggml_type_info(type_, op);
+  const int64_t n_blocks = blocks.nbytes() / info.type_size;
+  // Quantized types: one thread per run of 16 elements; float types: one per element.
+  const int64_t units = info.block_size > 1 ? n_blocks * (info.block_size / 16) : n_blocks;
+  const gm::DequantizeArgs args{checked_u32(units, op, "elements / 16")};
+  MetalKernel(stream(), cat("dequantize_", kernel_type_name(type_, op), "_", metal_dtype_suffix(out.dtype())))
+      .input(blocks, 0)
+      .output(out, 1)
+      .bytes(args, 2)
+      .dispatch(MTL::Size(ceil_div(units, 256), 1, 1), MTL::Size(256, 1, 1));
+}
+
+void QuantizedMatmul::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  constexpr const char* op = "quantized_matmul";
+  const auto& x = inputs[0];  // (B3, B2, M, Kx), row-contiguous: the op inserted the copies
+  const auto& w = inputs[1];  // (A3, A2, N, row_bytes)
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  if (out.size() == 0) return;
+  check_block_alignment(w, type_, op);
+  const int64_t B3 = x.shape(0), B2 = x.shape(1), A3 = w.shape(0), A2 = w.shape(1);
+  const int64_t M = x.shape(2), out_cols = out.shape(3), N = w.shape(2);
+  const int64_t K = transpose_ ? out_cols : x.shape(3);
+  const uint32_t out_type = out.dtype() == mx::float32   ? gm::kMatmulOutF32
+                            : out.dtype() == mx::float16 ? gm::kMatmulOutF16
+                                                         : gm::kMatmulOutBF16;
+  const gm::MatmulArgs args{checked_u32(M, op, "M"),
+                            checked_u32(N, op, "N"),
+                            checked_u32(K, op, "K"),
+                            checked_u32(w.shape(3), op, "row bytes"),
+                            checked_u32(B2, op, "B2"),
+                            checked_u32(A2, op, "A2"),
+                            static_cast<uint32_t>(B2 / A2),
+                            static_cast<uint32_t>(B3 / A3),
+                            out_type};
+  const size_t batches = checked_u32(B3 * B2, op, "batches");
+  const std::string suffix = cat(kernel_type_name(type_, op), "_", metal_dtype_suffix(x.dtype()));
+  // Decode: up to 8 rows of x (two passes of 4 over each block); otherwise 32 x 32 simdgroup-matrix tiles.
+  if (!transpose_ && M <= 8) {
+    MetalKernel(stream(), "qmv_" + suffix)
+        .input(x, 0)
+        .input(w, 1)
+        .output(out, 2)
+        .bytes(args, 3)
+        .dispatch(MTL::Size(ceil_div(N, 8), ceil_div(M, 4), batches), MTL::Size(128, 1, 1));
+    return;
+  }
+  MetalKernel(stream(), (transpose_ ? "qmm_t_" : "qmm_") + suffix)
+      .input(x, 0)
+      .input(w, 1)
+      .output(out, 2)
+      .bytes(args, 3)
+      .threadgroup_memory(2 * 32 * 32 * sizeof(float), 0)  // the x tile and the dequantized weight tile
+      .dispatch(MTL::Size(ceil_div(out_cols, 32), ceil_div(M, 32), batches), MTL::Size(128, 1, 1));
+}
+
+// quantize has no Metal kernel yet (the K-quant search is a CPU design): a clear error.
 MLX_GGML_EXT_NO_GPU_KERNEL(Quantize)
-MLX_GGML_EXT_NO_GPU_KERNEL(QuantizedMatmul)
 
 }  // namespace mlx_ggml_ext
