@@ -60,7 +60,7 @@ class Emulator:
                  f"seed {seed}"]
         for index, data in buffers.items():
             path = d / f"buffer{index}.bin"
-            path.write_bytes(np.ascontiguousarray(data).tobytes() if isinstance(data, np.ndarray) else bytes(data))
+            path.write_bytes(data if isinstance(data, bytes) else np.ascontiguousarray(data).tobytes())
             lines.append(f"buffer {index} {path}")
         for index, size in (threadgroup or {}).items():
             lines.append(f"threadgroup {index} {size}")
@@ -76,12 +76,13 @@ class Emulator:
         return out
 
 
-def build(out_dir: Path) -> Emulator:
-    """Compiles every kernel file with its launchers, and the runtime, into one executable."""
+def build(out_dir: Path, sources: list[Path] | None = None) -> Emulator:
+    """Compiles the kernel files (every kernels/metal/*.metal by default) with their launchers, and the
+    runtime, into one executable."""
     out_dir.mkdir(parents=True, exist_ok=True)
     kernels = []
     units = []
-    for metal_file in metal_sources():
+    for metal_file in sources or metal_sources():
         cpp = out_dir / f"{metal_file.stem}_launchers.cpp"
         kernels += gen_launchers.generate(metal_file, cpp, CXX, INCLUDES)
         units.append(cpp)
@@ -108,6 +109,12 @@ def bf16_bits(x: np.ndarray) -> np.ndarray:
     return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
 
 
+def f16_rounded(x: np.ndarray) -> np.ndarray:
+    """float32 -> float16, round to nearest even, overflowing to inf as the kernels' stores do."""
+    with np.errstate(over="ignore"):
+        return np.asarray(x, np.float32).astype(np.float16)
+
+
 def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
     return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
 
@@ -115,7 +122,6 @@ def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
 # name -> (numpy storage dtype, to storage, to float32)
 DTYPES = {
     "f32": (np.float32, lambda a: np.asarray(a, np.float32), lambda b: b.view(np.float32)),
-    "f16": (np.float16, lambda a: np.asarray(a, np.float32).astype(np.float16),
-            lambda b: b.view(np.float16).astype(np.float32)),
+    "f16": (np.float16, f16_rounded, lambda b: b.view(np.float16).astype(np.float32)),
     "bf16": (np.uint16, bf16_bits, lambda b: bf16_to_f32(b.view(np.uint16))),
 }
