@@ -11,6 +11,7 @@ Needs only g++. Nothing here ran on a Mac: Apple's compiler and GPU may still di
 """
 
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +20,12 @@ import pytest
 from metal_emu import emulator as emu
 from metal_emu.emulator import DTYPES
 
-pytestmark = pytest.mark.skipif(emu.CXX is None, reason="the Metal emulator needs g++")
+pytestmark = [
+    pytest.mark.skipif(emu.CXX is None, reason="the Metal emulator needs g++"),
+    pytest.mark.skipif(not sys.platform.startswith("linux"),
+                       reason="the Metal emulator is for Linux CI (ucontext fibers, guard pages); on a Mac run "
+                              "the kernels themselves: MLX_GGML_EXT_DEVICE=gpu pytest -q tests"),
+]
 
 # Relative to the largest reference magnitude, as tests/harness.py's TOLERANCES.
 TOL = {"f32": 2e-6, "f16": 1e-3, "bf16": 8e-3}

@@ -139,10 +139,25 @@ struct Lane {
   const char* collective = nullptr;
 };
 
+// Every lane's stack, with a PROT_NONE page below each (an overflow faults instead of corrupting a
+// neighbour); mapped lazily, so unused stack pages cost nothing.
+struct LaneStacks {
+  unsigned char* base = nullptr;
+  size_t stride = 0;
+  void allocate(size_t lanes) {
+    stride = kFiberStack + page_size();
+    void* m = mmap(nullptr, stride * lanes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED) die("mmap of the lane stacks failed");
+    base = static_cast<unsigned char*>(m);
+    for (size_t i = 0; i < lanes; ++i) mprotect(base + i * stride, page_size(), PROT_NONE);
+  }
+  void* stack(size_t lane) const { return base + lane * stride + page_size(); }
+};
+
 struct Threadgroup {
   Launcher launcher = nullptr;
   std::vector<Lane> lanes;
-  std::vector<std::vector<char>> stacks;
+  LaneStacks stacks;
   ucontext_t scheduler;
   int current = -1;
 };
@@ -219,8 +234,8 @@ void run_threadgroup(Threadgroup& g, std::mt19937& rng) {
     Lane& lane = g.lanes[i];
     lane.state = LaneState::ready;
     getcontext(&lane.context);
-    lane.context.uc_stack.ss_sp = g.stacks[i].data();
-    lane.context.uc_stack.ss_size = g.stacks[i].size();
+    lane.context.uc_stack.ss_sp = g.stacks.stack(i);
+    lane.context.uc_stack.ss_size = kFiberStack;
     lane.context.uc_link = &g.scheduler;
     makecontext(&lane.context, lane_entry, 0);
   }
@@ -345,7 +360,7 @@ int run(const Job& job) {
   Threadgroup group;
   group.launcher = it->second;
   group.lanes.resize(per_group);
-  group.stacks.assign(per_group, std::vector<char>(kFiberStack));
+  group.stacks.allocate(per_group);
   g_group = &group;
   std::mt19937 rng(job.seed);
 
