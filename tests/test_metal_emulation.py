@@ -51,6 +51,19 @@ def test_metal_source_compiles(metal_file, tmp_path):
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.parametrize("source", sorted(emu.METAL_DIR.glob("*")), ids=lambda p: p.name)
+def test_metal_source_follows_msl_rules(source):
+    """What the shim's erased address spaces hide from g++: every pointer and reference names its address
+    space; no double, standard library, exceptions or `kernel` keyword."""
+    assert emu.msl_rule_violations(source) == []
+
+
+def test_msl_rules_check_finds_violations(tmp_path):
+    bad = tmp_path / "bad.metal"
+    bad.write_text("inline float f(float* p) { return *(const float*)p; }\ninline double g() { return 0; }\n")
+    assert len(emu.msl_rule_violations(bad)) == 3
+
+
 def test_compile_check_rejects_a_type_error(tmp_path):
     """The check can fail: a kernel storing a pointer into a float is an error."""
     bad = tmp_path / "bad.metal"

@@ -6,6 +6,7 @@ subprocess (an out-of-bounds access ends that process, not pytest) and returns e
 after it.
 """
 
+import re
 import shutil
 import subprocess
 import sys
@@ -37,6 +38,32 @@ def compile_check(metal_file: Path, out_dir: Path) -> subprocess.CompletedProces
     source = gen_launchers.metal_source_for_gcc(metal_file, out_dir)
     cmd = [CXX, *CHECK_FLAGS, *[f"-I{d}" for d in INCLUDES], "-fsyntax-only", "-x", "c++", str(source)]
     return subprocess.run(cmd, capture_output=True, text=True)
+
+
+# Metal rules g++ cannot see through the shim (its address spaces are erased): a pointer or reference
+# declared without an address space, and C++ that MSL lacks. A line-based check of kernels/metal.
+_TYPES = r"(?:float|half|uchar|ushort|uint|int|char|short|ulong|long|bool|T|S|block|block_\w+|\w+Args)"
+_POINTER_DECL = re.compile(r"(?<![\w.)\]])((?:\w+\s+){0,3})(?:const\s+)?" + _TYPES + r"\s*[*&]\s*(?:const\s+)?(?=[A-Za-z_()])")
+_ADDRESS_SPACE = re.compile(r"\b(device|threadgroup|constant|thread)\b")
+_NOT_MSL = [(re.compile(r"\bdouble\b"), "double (MSL has no double)"), (re.compile(r"\bstd::"), "the C++ standard library"),
+            (re.compile(r"\b(printf|malloc|new|delete|throw|try)\b"), "a C++ feature MSL lacks"),
+            (re.compile(r"\bkernel\s+void\b"), "the `kernel` keyword (write [[kernel]]: the emulator looks for it)")]
+
+
+def msl_rule_violations(path: Path) -> list[str]:
+    """Lines of a kernel source that break a Metal rule the g++ check cannot enforce."""
+    text = re.sub(r"//[^\n]*", "", path.read_text())
+    found = []
+    for number, line in enumerate(text.split("\n"), 1):
+        if line.lstrip().startswith("#") and "define" not in line:
+            continue
+        for m in _POINTER_DECL.finditer(line):
+            if not _ADDRESS_SPACE.search(m.group(1)) and not _ADDRESS_SPACE.search(line[:m.start()].split("(")[-1]):
+                found.append(f"{path.name}:{number}: pointer/reference without an address space: {line.strip()}")
+        for pattern, what in _NOT_MSL:
+            if pattern.search(line):
+                found.append(f"{path.name}:{number}: {what}: {line.strip()}")
+    return found
 
 
 class Emulator:
