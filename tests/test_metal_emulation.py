@@ -153,15 +153,6 @@ def rms_norm_reference(x, w, eps):
     return y if w is None else y * w.astype(np.float64)
 
 
-def rms_norm_args(dim, rows_per_weight, weighted, eps):
-    return np.array([dim, rows_per_weight, int(weighted)], np.uint32).tobytes() + np.float32(eps).tobytes()
-
-
-def rms_norm_threads(dim):
-    # csrc/backend/metal: one simdgroup per 128 elements, 32..256 threads.
-    return int(min(256, max(32, -(-dim // 128) * 32)))
-
-
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("dim,rows,weighted", [(1, 3, True), (33, 4, False), (200, 3, True), (1100, 2, True)])
 def test_rms_norm(metal, dtype, dim, rows, weighted):
@@ -170,10 +161,10 @@ def test_rms_norm(metal, dtype, dim, rows, weighted):
     x = to_storage(rng.standard_normal((rows, dim)) * 3)
     w = to_storage(rng.standard_normal(dim))
     eps = 1e-5
-    out = metal.dispatch(f"rms_norm_{dtype}", groups=(rows,), threads=(rms_norm_threads(dim),),
-                         buffers={0: x, 1: w if weighted else x, 2: np.full(x.shape, 0xFF, storage),
-                                  3: rms_norm_args(dim, rows, weighted, eps)},
-                         threadgroup={0: 128}, seed=dim)
+    plan = metal.plan("rms_norm", dtype=dtype, rows=rows, dim=dim, rows_per_weight=rows, weighted=int(weighted),
+                      eps=eps)
+    out = metal.dispatch_plan(plan, {0: x, 1: w if weighted else x, 2: np.full(x.shape, 0xFF, storage)},
+                              args_index=3, seed=dim)
     got = to_f32(out[2]).reshape(rows, dim)
     expected = rms_norm_reference(to_f32(x), to_f32(w) if weighted else None, eps)
     assert_close(got, expected, TOL[dtype], f"rms_norm {dtype}")
@@ -212,11 +203,9 @@ def test_dequantize_every_byte_pattern(metal, type_name, dtype):
     data = rng.integers(0, 256, (n_blocks, type_size), dtype=np.uint8)
     with np.errstate(invalid="ignore", over="ignore"):  # NaN/inf scales are part of the test
         expected = gguf.quants.dequantize(data, qtype).astype(np.float32).reshape(-1)
-    units = n_blocks * block_size // 16 if block_size > 1 else n_blocks
-    storage = DTYPES[dtype][0]
-    out = metal.dispatch(f"dequantize_{type_name.lower()}_{dtype}", groups=(-(-units // 64),), threads=(64,),
-                         buffers={0: data, 1: np.full(expected.size, 0xFF, storage),
-                                  2: np.array([units], np.uint32)}, seed=int(qtype))
+    plan = metal.plan("dequantize", type=type_name.lower(), block_size=block_size, dtype=dtype, n_blocks=n_blocks)
+    out = metal.dispatch_plan(plan, {0: data, 1: np.full(expected.size, 0xFF, DTYPES[dtype][0])}, args_index=2,
+                              seed=int(qtype))
     got = DTYPES[dtype][2](out[1])
     assert same_bits_or_both_nan(got, rounded_to(expected, dtype)), type_name
 
@@ -270,15 +259,14 @@ def test_rope(metal, case, dtype):
     positions = rng.integers(0, c.get("max_position", 64), (position_rows, tokens)).astype(np.int32)
     factors = rng.uniform(1.0, 4.0, n_dims // 2).astype(np.float32) if c.get("factors") else None
     theta_scale, mscale, sin_sign, ramp = rope_host_constants(n_dims, inverse=c.get("inverse", False), **params)
-    args = (np.array([tokens, heads, dim, n_dims, batches // position_rows, batches, int(neox),
-                      int(factors is not None), int(ramp is not None)], np.uint32).tobytes()
-            + np.array([theta_scale, params["freq_scale"], mscale, sin_sign], np.float32).tobytes())
-    unused = np.zeros(4, np.float32)  # csrc/backend/metal binds x there; any buffer will do
-    out = metal.dispatch(f"rope_{dtype}", groups=(tokens, batches), threads=(64,),
-                         buffers={0: x, 1: np.full(x.shape, 0xFF, storage), 2: positions,
-                                  3: factors if factors is not None else unused,
-                                  4: ramp if ramp is not None else unused, 5: args},
-                         threadgroup={0: -(-n_dims * 4 // 16) * 16}, seed=len(case))
+    plan = metal.plan("rope", dtype=dtype, batches=batches, tokens=tokens, heads=heads, dim=dim, n_dims=n_dims,
+                      batches_per_positions_row=batches // position_rows, batches_per_factors_row=batches,
+                      neox=int(neox), has_factors=int(factors is not None), has_ramp=int(ramp is not None),
+                      theta_scale=float(theta_scale), freq_scale=float(params["freq_scale"]), mscale=float(mscale),
+                      sin_sign=float(sin_sign))
+    out = metal.dispatch_plan(plan, {0: x, 1: np.full(x.shape, 0xFF, storage), 2: positions,
+                                     3: factors if factors is not None else x,  # as csrc/backend/metal binds
+                                     4: ramp if ramp is not None else x}, args_index=5, seed=len(case))
     got = to_f32(out[1]).reshape(x.shape)
     xf = to_f32(x).reshape(x.shape)
     for b in range(batches):
@@ -317,25 +305,20 @@ def random_weight(rng, type_name, n, k):
     return w, gguf.quants.dequantize(w, qtype).astype(np.float64).reshape(n, k)
 
 
-def matmul_args(M, N, K, row_bytes, B2, A2, r3, out_type):
-    return np.array([M, N, K, row_bytes, B2, A2, B2 // A2, r3, out_type], np.uint32)
-
-
 def run_matmul(metal, kernel, type_name, x_dtype, out_dtype, M, N, K, B2=2, A2=1, transposed=False, seed=0):
-    """Dispatches one matmul kernel as csrc/backend/metal does and returns (got, expected) in float64."""
+    """Dispatches csrc/backend/metal's plan for the product, checks that it picked `kernel`, and returns
+    (got, expected) in float64."""
     rng = np.random.default_rng(seed)
     w, w64 = random_weight(rng, type_name, A2 * N, K)
     kx = N if transposed else K
     x = DTYPES[x_dtype][1](rng.standard_normal((B2, M, kx)))
     out_cols = K if transposed else N
-    if kernel == "qmv":
-        groups, threads, tg = (-(-N // 8), -(-M // 4), B2), (128,), {}
-    else:
-        groups, threads, tg = (-(-out_cols // 32), -(-M // 32), B2), (128,), {0: 2 * 32 * 32 * 4}
-    name = f"{kernel}_{'t_' if transposed else ''}{type_name.lower()}_{x_dtype}"
-    out = metal.dispatch(name, groups, threads, threadgroup=tg, seed=seed,
-                         buffers={0: x, 1: w, 2: np.full((B2, M, out_cols), 0xFF, DTYPES[out_dtype][0]),
-                                  3: matmul_args(M, N, K, w.shape[1], B2, A2, 1, OUT_TYPES[out_dtype])})
+    plan = metal.plan("matmul", type=type_name.lower(), x_dtype=x_dtype, transposed=int(transposed), batches=B2,
+                      M=M, N=N, K=K, row_bytes=w.shape[1], B2=B2, A2=A2, r2=B2 // A2, r3=1,
+                      out_type=OUT_TYPES[out_dtype])
+    assert plan["kernel"].startswith(kernel + "_"), plan["kernel"]
+    out = metal.dispatch_plan(plan, {0: x, 1: w, 2: np.full((B2, M, out_cols), 0xFF, DTYPES[out_dtype][0])},
+                              args_index=3, seed=seed)
     got = DTYPES[out_dtype][2](out[2]).reshape(B2, M, out_cols)
     x64 = DTYPES[x_dtype][2](x).astype(np.float64).reshape(B2, M, kx)
     w64 = w64.reshape(A2, N, K)
@@ -361,15 +344,16 @@ def test_quantized_matmul_every_type(metal, type_name, x_dtype):
     """Decode (M=3), prefill (M=37: two row tiles, edge tiles) and the transposed product, weight batch
     broadcast over two x batches, output in x's dtype, against gguf's dequantization in float64."""
     K = matmul_k(type_name)
-    for kernel, M, transposed in [("qmv", 3, False), ("qmm", 37, False), ("qmm", 5, True)]:
+    for kernel, M, transposed in [("qmv", 3, False), ("qmm", 37, False), ("qmm_t", 5, True)]:
         got, expected = run_matmul(metal, kernel, type_name, x_dtype, x_dtype, M=M, N=9 if kernel == "qmv" else 40,
                                    K=K, transposed=transposed, seed=len(type_name) + M)
         assert_close(got, expected, MATMUL_TOL[x_dtype], f"{kernel} {type_name} {x_dtype} T={transposed}")
 
 
-@pytest.mark.parametrize("kernel,transposed", [("qmv", False), ("qmm", False), ("qmm", True)])
+@pytest.mark.parametrize("kernel,transposed", [("qmv", False), ("qmm", False), ("qmm_t", True)])
 def test_quantized_matmul_float32_output_and_grouped_batches(metal, kernel, transposed):
     """mul_mat's form: float16 x, float32 output, 4 x batches over 2 weight batches (GQA broadcasting)."""
-    got, expected = run_matmul(metal, kernel, "Q4_K", "f16", "f32", M=6, N=17, K=256, B2=4, A2=2,
+    M = 11 if kernel == "qmm" else 6  # qmm: past the decode kernel's 8 rows
+    got, expected = run_matmul(metal, kernel, "Q4_K", "f16", "f32", M=M, N=17, K=256, B2=4, A2=2,
                                transposed=transposed, seed=5)
     assert_close(got, expected, MATMUL_TOL["f32"], f"{kernel} T={transposed}")

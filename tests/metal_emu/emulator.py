@@ -6,6 +6,7 @@ subprocess (an out-of-bounds access ends that process, not pytest) and returns e
 after it.
 """
 
+import json
 import re
 import shutil
 import subprocess
@@ -67,11 +68,27 @@ def msl_rule_violations(path: Path) -> list[str]:
 
 
 class Emulator:
-    def __init__(self, binary: Path, kernels: list[str], work_dir: Path):
+    def __init__(self, binary: Path, kernels: list[str], work_dir: Path, planner: Path | None = None):
         self.binary = binary
         self.kernels = set(kernels)
         self.work_dir = work_dir
+        self.planner = planner
         self._count = 0
+
+    def plan(self, op: str, **fields) -> dict:
+        """The launch plan csrc/backend/metal encodes for `op` (launch_plans.h): kernel, groups, threads,
+        threadgroup_bytes, args (the argument block's bytes)."""
+        argv = [str(self.planner), f"op={op}"] + [f"{k}={v:.9g}" if isinstance(v, float) else f"{k}={v}"
+                                                  for k, v in fields.items()]
+        plan = json.loads(subprocess.run(argv, check=True, capture_output=True, text=True).stdout)
+        plan["args"] = bytes.fromhex(plan["args"])
+        return plan
+
+    def dispatch_plan(self, plan: dict, buffers: dict, args_index: int, seed: int = 0):
+        """Runs a plan from `plan` with its argument block bound at [[buffer(args_index)]]."""
+        tg = {0: plan["threadgroup_bytes"]} if plan["threadgroup_bytes"] else {}
+        return self.dispatch(plan["kernel"], plan["groups"], (plan["threads"],), {**buffers, args_index: plan["args"]},
+                             threadgroup=tg, seed=seed)
 
     def dispatch(self, kernel: str, groups, threads, buffers: dict, threadgroup: dict | None = None,
                  seed: int = 0, expect_failure: bool = False):
@@ -125,7 +142,10 @@ def build(out_dir: Path, sources: list[Path] | None = None) -> Emulator:
         objects = list(pool.map(compile_unit, units))
     binary = out_dir / "metal_emu"
     subprocess.run([CXX, *map(str, objects), "-o", str(binary)], check=True)
-    return Emulator(binary, kernels, out_dir)
+    planner = out_dir / "metal_plan"
+    subprocess.run([CXX, "-std=c++20", "-O1", "-Wall", "-Werror", f"-I{ROOT}", str(HERE / "plan.cpp"), "-o",
+                    str(planner)], check=True)
+    return Emulator(binary, kernels, out_dir, planner)
 
 
 # --- conversions for the tests ----------------------------------------------------------------------

@@ -56,13 +56,12 @@ MetalKernel& MetalKernel::temporary_input(const mx::array& a, int index) {
   return *this;
 }
 
-MetalKernel& MetalKernel::threadgroup_memory(size_t bytes, int index) {
+void MetalKernel::threadgroup_memory(size_t bytes, int index) {
   encoder_.set_threadgroup_memory_length((bytes + 15) / 16 * 16, index);
-  return *this;
 }
 
-void MetalKernel::dispatch(MTL::Size groups, MTL::Size threads) {
-  const size_t requested = threads.width * threads.height * threads.depth;
+void MetalKernel::dispatch(const ggml_ext_metal::Grid& grid) {
+  const size_t requested = grid.threads;
   const size_t limit = pipeline_->maxTotalThreadsPerThreadgroup();
   // The kernels' simdgroup arithmetic (lane strides, 16 x 16 quarters of 8 x 8 matrices) assumes Apple's 32.
   if (pipeline_->threadExecutionWidth() != 32) {
@@ -73,8 +72,10 @@ void MetalKernel::dispatch(MTL::Size groups, MTL::Size threads) {
     throw std::runtime_error(cat("[mlx_ggml_ext] Metal kernel ", name_, " allows ", limit,
                                  " threads per threadgroup, ", requested, " requested."));
   }
-  if (groups.width == 0 || groups.height == 0 || groups.depth == 0) return;
-  encoder_.dispatch_threadgroups(groups, threads);
+  if (grid.threadgroup_bytes > 0) threadgroup_memory(grid.threadgroup_bytes, 0);
+  if (grid.groups[0] == 0 || grid.groups[1] == 0 || grid.groups[2] == 0) return;
+  encoder_.dispatch_threadgroups(MTL::Size(grid.groups[0], grid.groups[1], grid.groups[2]),
+                                 MTL::Size(grid.threads, 1, 1));
 }
 
 }  // namespace mlx_ggml_ext

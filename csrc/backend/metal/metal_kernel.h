@@ -8,6 +8,7 @@
 #pragma once
 #include <string>
 
+#include "csrc/backend/metal/launch_plans.h"
 #include "csrc/utils.h"
 #include "mlx/backend/metal/device.h"
 
@@ -16,9 +17,9 @@ namespace mlx_ggml_ext {
 // "f32", "f16" or "bf16": the dtype suffix of the kernels' host names.
 const char* metal_dtype_suffix(mx::Dtype dtype);
 
-// One dispatch of one kernel: bind, then dispatch once.
-//   MetalKernel k(stream(), "rms_norm_f32");
-//   k.input(x, 0).output(out, 2).bytes(args, 3).threadgroup_memory(128, 0).dispatch({rows, 1, 1}, {256, 1, 1});
+// One dispatch of one kernel, from its launch plan (launch_plans.h): bind, then dispatch once.
+//   const auto plan = ggml_ext_metal::plan_rms_norm(...);
+//   MetalKernel(stream(), plan.kernel).input(x, 0).output(out, 2).bytes(plan.args, 3).dispatch(plan.grid);
 class MetalKernel {
  public:
   MetalKernel(const mx::Stream& stream, const std::string& name);
@@ -32,12 +33,14 @@ class MetalKernel {
     encoder_.set_bytes(value, index);
     return *this;
   }
-  // Metal wants a multiple of 16 bytes; rounded up here.
-  MetalKernel& threadgroup_memory(size_t bytes, int index);
-  // `groups` threadgroups of `threads` threads each; the threads must fit the compiled kernel's limit.
-  void dispatch(MTL::Size groups, MTL::Size threads);
+  // The plan's grid: its threadgroup memory (if any) at [[threadgroup(0)]], then the threadgroups; the
+  // threads per threadgroup must fit the compiled kernel's limit.
+  void dispatch(const ggml_ext_metal::Grid& grid);
 
  private:
+  // Metal wants a multiple of 16 bytes; rounded up here.
+  void threadgroup_memory(size_t bytes, int index);
+
   std::string name_;
   MTL::ComputePipelineState* pipeline_;
   mx::metal::CommandEncoder& encoder_;

@@ -1,8 +1,9 @@
 // Metal: eval_gpu of every primitive that has a Metal kernel (kernels/metal/*.metal), each through the
-// one dispatch helper, MetalKernel. Grids and arguments here are the ones tests/test_metal_emulation.py
-// gives the kernels on the emulator; keep the two in step. Not run on Apple hardware.
+// one dispatch helper, MetalKernel, with its launch plan from launch_plans.h (which the emulator tests
+// dispatch too). Not run on Apple hardware.
 #include <algorithm>
 #include <cctype>
+#include <cstdint>
 #include <limits>
 
 #include "csrc/backend/metal/metal_kernel.h"
@@ -13,7 +14,6 @@
 #include "csrc/rms_norm.h"
 #include "csrc/rope.h"
 #include "kernels/common/ggml_blocks.h"
-#include "kernels/metal/params.h"
 
 namespace mlx_ggml_ext {
 namespace {
@@ -27,8 +27,6 @@ uint32_t checked_u32(int64_t v, const char* op, const char* what) {
   }
   return static_cast<uint32_t>(v);
 }
-
-size_t ceil_div(size_t n, size_t d) { return (n + d - 1) / d; }
 
 // The type's name as the kernels spell it: "q4_k", "f32".
 std::string kernel_type_name(int type, const char* op) {
@@ -59,15 +57,13 @@ void RMSNorm::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
   const int64_t groups = weighted ? inputs[1].size() / dim : 1;
   const gm::RmsNormArgs args{checked_u32(dim, op, "row length"), checked_u32(rows / groups, op, "rows"),
                              weighted ? 1u : 0u, eps_};
-  // One simdgroup per 128 elements of the row, 1 to 8 of them; one threadgroup per row.
-  const size_t threads = std::clamp<size_t>(ceil_div(dim, 128) * 32, 32, 256);
-  MetalKernel(stream(), cat("rms_norm_", metal_dtype_suffix(out.dtype())))
+  const auto plan = gm::plan_rms_norm(metal_dtype_suffix(out.dtype()), checked_u32(rows, op, "rows"), args);
+  MetalKernel(stream(), plan.kernel)
       .input(x, 0)
       .input(weighted ? inputs[1] : x, 1)  // never read without a weight; any buffer will do
       .output(out, 2)
-      .bytes(args, 3)
-      .threadgroup_memory(32 * sizeof(float), 0)  // one partial sum per simdgroup
-      .dispatch(MTL::Size(checked_u32(rows, op, "rows"), 1, 1), MTL::Size(threads, 1, 1));
+      .bytes(plan.args, 3)
+      .dispatch(plan.grid);
 }
 
 void RoPE::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
@@ -80,9 +76,11 @@ void RoPE::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
   if (out.size() == 0) return;
   const int64_t dim = x.shape(-1), heads = x.shape(-2), tokens = x.shape(-3);
   const int64_t batches = x.size() / (tokens * heads * dim);
-  const int64_t pairs = params_.n_dims / 2;
   const int64_t positions_rows = positions.size() / tokens;
-  const int64_t factors_rows = has_factors ? inputs[2].size() / pairs : 1;
+  const int64_t factors_rows = has_factors ? inputs[2].size() / (params_.n_dims / 2) : 1;
+  if (params_.n_dims * sizeof(float) > 32768) {
+    throw std::invalid_argument(cat("[", op, "] n_dims = ", params_.n_dims, " exceeds the Metal kernel's table."));
+  }
   const auto angles = rope_angles(params_, inverse_);
   const auto ramp = rope_ramp(params_);
   const gm::RopeArgs args{checked_u32(tokens, op, "tokens"),
@@ -98,20 +96,15 @@ void RoPE::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
                           angles.freq_scale,
                           angles.mscale,
                           angles.sin_sign};
-  if (2 * pairs * sizeof(float) > 32768) {
-    throw std::invalid_argument(cat("[", op, "] n_dims = ", params_.n_dims, " exceeds the Metal kernel's table."));
-  }
-  const size_t threads = std::clamp<size_t>(ceil_div(heads * pairs, 32) * 32, 32, 256);
-  MetalKernel kernel(stream(), cat("rope_", metal_dtype_suffix(out.dtype())));
+  const auto plan = gm::plan_rope(metal_dtype_suffix(out.dtype()), checked_u32(batches, op, "batches"), args);
+  MetalKernel kernel(stream(), plan.kernel);
   kernel.input(x, 0).output(out, 1).input(positions, 2).input(has_factors ? inputs[2] : x, 3);
   if (ramp.empty()) {
     kernel.input(x, 4);  // never read without YaRN
   } else {
     kernel.temporary_input(mx::array(ramp.begin(), {static_cast<int>(ramp.size())}, mx::float32), 4);
   }
-  kernel.bytes(args, 5)
-      .threadgroup_memory(2 * pairs * sizeof(float), 0)  // cos and sin of every pair of the token
-      .dispatch(MTL::Size(args.tokens, checked_u32(batches, op, "batches"), 1), MTL::Size(threads, 1, 1));
+  kernel.bytes(plan.args, 5).dispatch(plan.grid);
 }
 
 void Dequantize::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
@@ -122,14 +115,10 @@ void Dequantize::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) 
   check_block_alignment(blocks, type_, op);
   const auto info = ggml_type_info(type_, op);
   const int64_t n_blocks = blocks.nbytes() / info.type_size;
-  // Quantized types: one thread per run of 16 elements; float types: one per element.
-  const int64_t units = info.block_size > 1 ? n_blocks * (info.block_size / 16) : n_blocks;
-  const gm::DequantizeArgs args{checked_u32(units, op, "elements / 16")};
-  MetalKernel(stream(), cat("dequantize_", kernel_type_name(type_, op), "_", metal_dtype_suffix(out.dtype())))
-      .input(blocks, 0)
-      .output(out, 1)
-      .bytes(args, 2)
-      .dispatch(MTL::Size(ceil_div(units, 256), 1, 1), MTL::Size(256, 1, 1));
+  checked_u32(info.block_size > 1 ? n_blocks * (info.block_size / 16) : n_blocks, op, "elements / 16");
+  const auto plan = gm::plan_dequantize(kernel_type_name(type_, op), info.block_size, metal_dtype_suffix(out.dtype()),
+                                        n_blocks);
+  MetalKernel(stream(), plan.kernel).input(blocks, 0).output(out, 1).bytes(plan.args, 2).dispatch(plan.grid);
 }
 
 void QuantizedMatmul::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
@@ -140,8 +129,8 @@ void QuantizedMatmul::eval_gpu(const std::vector<mx::array>& inputs, mx::array& 
   if (out.size() == 0) return;
   check_block_alignment(w, type_, op);
   const int64_t B3 = x.shape(0), B2 = x.shape(1), A3 = w.shape(0), A2 = w.shape(1);
-  const int64_t M = x.shape(2), out_cols = out.shape(3), N = w.shape(2);
-  const int64_t K = transpose_ ? out_cols : x.shape(3);
+  const int64_t M = x.shape(2), N = w.shape(2);
+  const int64_t K = transpose_ ? out.shape(3) : x.shape(3);
   const uint32_t out_type = out.dtype() == mx::float32   ? gm::kMatmulOutF32
                             : out.dtype() == mx::float16 ? gm::kMatmulOutF16
                                                          : gm::kMatmulOutBF16;
@@ -154,25 +143,9 @@ void QuantizedMatmul::eval_gpu(const std::vector<mx::array>& inputs, mx::array& 
                             static_cast<uint32_t>(B2 / A2),
                             static_cast<uint32_t>(B3 / A3),
                             out_type};
-  const size_t batches = checked_u32(B3 * B2, op, "batches");
-  const std::string suffix = cat(kernel_type_name(type_, op), "_", metal_dtype_suffix(x.dtype()));
-  // Decode: up to 8 rows of x (two passes of 4 over each block); otherwise 32 x 32 simdgroup-matrix tiles.
-  if (!transpose_ && M <= 8) {
-    MetalKernel(stream(), "qmv_" + suffix)
-        .input(x, 0)
-        .input(w, 1)
-        .output(out, 2)
-        .bytes(args, 3)
-        .dispatch(MTL::Size(ceil_div(N, 8), ceil_div(M, 4), batches), MTL::Size(128, 1, 1));
-    return;
-  }
-  MetalKernel(stream(), (transpose_ ? "qmm_t_" : "qmm_") + suffix)
-      .input(x, 0)
-      .input(w, 1)
-      .output(out, 2)
-      .bytes(args, 3)
-      .threadgroup_memory(2 * 32 * 32 * sizeof(float), 0)  // the x tile and the dequantized weight tile
-      .dispatch(MTL::Size(ceil_div(out_cols, 32), ceil_div(M, 32), batches), MTL::Size(128, 1, 1));
+  const auto plan = gm::plan_matmul(kernel_type_name(type_, op), metal_dtype_suffix(x.dtype()), transpose_,
+                                    checked_u32(B3 * B2, op, "batches"), args);
+  MetalKernel(stream(), plan.kernel).input(x, 0).input(w, 1).output(out, 2).bytes(plan.args, 3).dispatch(plan.grid);
 }
 
 // quantize has no Metal kernel yet (the K-quant search is a CPU design): a clear error.
