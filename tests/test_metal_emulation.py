@@ -270,8 +270,8 @@ def test_rope(metal, case, dtype):
     got = to_f32(out[1]).reshape(x.shape)
     xf = to_f32(x).reshape(x.shape)
     for b in range(batches):
-        expected = reference.rope(xf[b], positions[b // (batches // position_rows)], n_dims, c["mode"], freq_factors=factors,
-                                  inverse=c.get("inverse", False), **params)
+        expected = reference.rope(xf[b], positions[b // (batches // position_rows)], n_dims, c["mode"],
+                                  freq_factors=factors, inverse=c.get("inverse", False), **params)
         assert_close(got[b], expected, TOL[dtype], f"rope {case} {dtype} batch {b}")
 
 

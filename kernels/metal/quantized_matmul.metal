@@ -80,7 +80,9 @@ template <typename D, typename T>
     for (int i = 0; i < kDecodeXRows; ++i) {
       const float total = simd_sum(acc[r][i]);  // every lane takes part, in range or not
       const uint n = n0 + r, m = m0 + i;
-      if (lane == 0 && n < args.N && m < args.M) store_output(out, at.out + size_t(m) * args.N + n, args.out_type, total);
+      if (lane == 0 && n < args.N && m < args.M) {
+        store_output(out, at.out + size_t(m) * args.N + n, args.out_type, total);
+      }
     }
   }
 }

@@ -44,9 +44,11 @@ def compile_check(metal_file: Path, out_dir: Path) -> subprocess.CompletedProces
 # Metal rules g++ cannot see through the shim (its address spaces are erased): a pointer or reference
 # declared without an address space, and C++ that MSL lacks. A line-based check of kernels/metal.
 _TYPES = r"(?:float|half|uchar|ushort|uint|int|char|short|ulong|long|bool|T|S|block|block_\w+|\w+Args)"
-_POINTER_DECL = re.compile(r"(?<![\w.)\]])((?:\w+\s+){0,3})(?:const\s+)?" + _TYPES + r"\s*[*&]\s*(?:const\s+)?(?=[A-Za-z_()])")
+_POINTER_DECL = re.compile(r"(?<![\w.)\]])((?:\w+\s+){0,3})(?:const\s+)?" + _TYPES
+                           + r"\s*[*&]\s*(?:const\s+)?(?=[A-Za-z_()])")
 _ADDRESS_SPACE = re.compile(r"\b(device|threadgroup|constant|thread)\b")
-_NOT_MSL = [(re.compile(r"\bdouble\b"), "double (MSL has no double)"), (re.compile(r"\bstd::"), "the C++ standard library"),
+_NOT_MSL = [(re.compile(r"\bdouble\b"), "double (MSL has no double)"),
+            (re.compile(r"\bstd::"), "the C++ standard library"),
             (re.compile(r"\b(printf|malloc|new|delete|throw|try)\b"), "a C++ feature MSL lacks"),
             (re.compile(r"\bkernel\s+void\b"), "the `kernel` keyword (write [[kernel]]: the emulator looks for it)")]
 

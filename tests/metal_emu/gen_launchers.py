@@ -5,8 +5,9 @@ instantiation `template [[host_name("...")]] [[kernel]] void f<...>(...);` or a 
 
 The kernel source is read after the preprocessor (with the Metal shim), so parameter lists written once
 as macros, as the kernels do, are seen expanded. One rewrite precedes it (`metal_source_for_gcc`): the
-attribute [[threadgroup(i)]] is renamed, since the shim's empty `threadgroup` macro would erase its name. A parameter without an attribute, or with one the
-emulator does not know, is an error: Metal would bind it by rules this emulator does not model.
+attribute [[threadgroup(i)]] is renamed, since the shim's empty `threadgroup` macro would erase its name.
+A parameter without an attribute, or with one the emulator does not know, is an error: Metal would bind
+it by rules this emulator does not model.
 """
 
 import re
@@ -21,7 +22,8 @@ BUILTINS = {
 }
 
 _INSTANTIATION = re.compile(
-    r'template\s*\[\[\s*host_name\s*\(\s*((?:"[^"]*"\s*)+)\)\s*\]\]\s*\[\[\s*kernel\s*\]\]\s*void\s+([\w:]+\s*<[^;{(]*>)\s*\(')
+    r'template\s*\[\[\s*host_name\s*\(\s*((?:"[^"]*"\s*)+)\)\s*\]\]\s*'
+    r'\[\[\s*kernel\s*\]\]\s*void\s+([\w:]+\s*<[^;{(]*>)\s*\(')
 _PLAIN = re.compile(r'\[\[\s*kernel\s*\]\]\s*void\s+(\w+)\s*\(')
 _ATTRIBUTE = re.compile(r'^(.*?)\s*\[\[\s*(\w+)\s*(?:\(\s*(\w+)\s*\))?\s*\]\]\s*$', re.S)
 _DECL = re.compile(r'^(.*?)\b(\w+)\s*$', re.S)

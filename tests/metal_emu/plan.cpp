@@ -54,7 +54,8 @@ int main(int argc, char** argv) {
                              u32(f, "has_factors"), u32(f, "has_ramp"), f32(f, "theta_scale"), f32(f, "freq_scale"),
                              f32(f, "mscale"), f32(f, "sin_sign")}));
   } else if (op == "dequantize") {
-    print(plan_dequantize(field(f, "type"), u32(f, "block_size"), field(f, "dtype"), std::stoull(field(f, "n_blocks"))));
+    print(plan_dequantize(field(f, "type"), u32(f, "block_size"), field(f, "dtype"),
+                          std::stoull(field(f, "n_blocks"))));
   } else if (op == "matmul") {
     print(plan_matmul(field(f, "type"), field(f, "x_dtype"), u32(f, "transposed") != 0, u32(f, "batches"),
                       MatmulArgs{u32(f, "M"), u32(f, "N"), u32(f, "K"), u32(f, "row_bytes"), u32(f, "B2"),

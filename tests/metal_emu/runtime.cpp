@@ -401,7 +401,9 @@ int run(const Job& job) {
     if (b.data) b.check_canaries();
   for (const auto& b : tg_memory)
     if (b.data) b.check_canaries();
-  for (const auto& [index, path] : job.buffer_paths) write_file(path + ".out", buffers[index].data, buffers[index].size);
+  for (const auto& [index, path] : job.buffer_paths) {
+    write_file(path + ".out", buffers[index].data, buffers[index].size);
+  }
   return 0;
 }
 

@@ -1,7 +1,7 @@
-// Launch plans of the Metal kernels (kernels/metal): from the shapes, the kernel's host name, its argument block, the grid
-// and the threadgroup memory. Host C++ only (no MLX, no Metal): csrc/backend/metal builds its dispatches
-// from these, and the emulator tests (tests/metal_emu/plan.cpp) dispatch the same plans, so what is tested
-// is what eval_gpu encodes, argument bytes included.
+// Launch plans of the Metal kernels (kernels/metal): from the shapes, the kernel's host name, its argument
+// block, the grid and the threadgroup memory. Host C++ only (no MLX, no Metal): csrc/backend/metal builds
+// its dispatches from these, and the emulator tests (tests/metal_emu/plan.cpp) dispatch the same plans, so
+// what is tested is what eval_gpu encodes, argument bytes included.
 #pragma once
 #include <algorithm>
 #include <cstdint>
