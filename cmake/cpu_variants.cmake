@@ -21,7 +21,7 @@ if(CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd64|i.86)$" AND NOT MSVC)
   list(APPEND _variant_names avx2 avx512)
   set(_variant_flags_avx2 -mavx2 -mfma -mf16c -mbmi2)
   set(_variant_flags_avx512 -mavx2 -mfma -mf16c -mbmi2 -mavx512f -mavx512bw -mavx512vl
-                            -mavx512dq -mavx512vnni)
+                            -mavx512dq -mavx512vnni -mavx512vbmi)
   set(GGML_EXT_X86_VARIANTS ON)
 endif()
 # aarch64: NEON is part of the baseline, so the base variant is the NEON one.

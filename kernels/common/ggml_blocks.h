@@ -21,6 +21,7 @@
 #if defined(__METAL_VERSION__)
 #include <metal_stdlib>
 #define GGML_EXT_FN inline
+#define GGML_EXT_LAYOUT_FN inline
 #define GGML_EXT_HALF_TO_FLOAT(h) float(as_type<half>(ushort(h)))
 #elif defined(__CUDACC__)
 #include <stddef.h>
@@ -28,11 +29,14 @@
 #include <cuda_fp16.h>
 #include "fp16.h"
 #define GGML_EXT_FN __host__ __device__ inline
+#define GGML_EXT_LAYOUT_FN __host__ __device__ constexpr inline
 #else
 #include <stddef.h>
 #include <stdint.h>
 #include "fp16.h"
 #define GGML_EXT_FN inline
+// Layouts are constants: C++ kernels may evaluate them at compile time.
+#define GGML_EXT_LAYOUT_FN constexpr inline
 #ifndef GGML_EXT_HALF_TO_FLOAT  // a CPU kernel may use the hardware conversion (same value; NaNs come out quiet)
 #define GGML_EXT_HALF_TO_FLOAT(h) ggml_ext_fp16_to_fp32(h)
 #endif
@@ -282,22 +286,12 @@ struct ggml_ext_scale16 {
   int offset_op;  // +1: add the offset, -1: subtract it, 0: none
 };
 
-GGML_EXT_FN ggml_ext_layout16 ggml_ext_make_layout16(int lo, int lo_shift, int lo_mask, int zero) {
-  ggml_ext_layout16 l;
-  l.lo = lo;
-  l.lo_shift = lo_shift;
-  l.lo_mask = lo_mask;
-  l.lo_signed = 0;
-  l.hi = 0;
-  l.hi_shift = 0;
-  l.hi_mask = 0;
-  l.hi_pos = 0;
-  l.hi_word = 0;
-  l.zero = zero;
-  l.codebook = GGML_EXT_CODEBOOK_NONE;
+GGML_EXT_LAYOUT_FN ggml_ext_layout16 ggml_ext_make_layout16(int lo, int lo_shift, int lo_mask, int zero) {
+  const ggml_ext_layout16 l = {lo, lo_shift, lo_mask, 0, 0, 0, 0, 0, 0, zero, GGML_EXT_CODEBOOK_NONE};
   return l;
 }
-GGML_EXT_FN ggml_ext_layout16 ggml_ext_with_high16(ggml_ext_layout16 l, int hi, int hi_shift, int hi_mask, int hi_pos) {
+GGML_EXT_LAYOUT_FN ggml_ext_layout16 ggml_ext_with_high16(ggml_ext_layout16 l, int hi, int hi_shift, int hi_mask,
+                                                          int hi_pos) {
   l.hi = hi;
   l.hi_shift = hi_shift;
   l.hi_mask = hi_mask;
@@ -313,63 +307,63 @@ GGML_EXT_FN ggml_ext_scale16 ggml_ext_make_scale16(float scale, float offset, in
 }
 
 // Q4_0, Q4_1, IQ4_NL, MXFP4: byte j of qs holds element j (low nibble) and j + 16 (high nibble).
-GGML_EXT_FN ggml_ext_layout16 ggml_ext_layout16_q4_0(int chunk) { return ggml_ext_make_layout16(2, 4 * chunk, 0xF, 8); }
-GGML_EXT_FN ggml_ext_layout16 ggml_ext_layout16_q4_1(int chunk) { return ggml_ext_make_layout16(4, 4 * chunk, 0xF, 0); }
+GGML_EXT_LAYOUT_FN ggml_ext_layout16 ggml_ext_layout16_q4_0(int chunk) { return ggml_ext_make_layout16(2, 4 * chunk, 0xF, 8); }
+GGML_EXT_LAYOUT_FN ggml_ext_layout16 ggml_ext_layout16_q4_1(int chunk) { return ggml_ext_make_layout16(4, 4 * chunk, 0xF, 0); }
 // Q5_0/Q5_1: plus bit (16*chunk + j) of the little-endian u32 qh.
-GGML_EXT_FN ggml_ext_layout16 ggml_ext_layout16_q5_0(int chunk) {
+GGML_EXT_LAYOUT_FN ggml_ext_layout16 ggml_ext_layout16_q5_0(int chunk) {
   ggml_ext_layout16 l = ggml_ext_with_high16(ggml_ext_make_layout16(6, 4 * chunk, 0xF, 16), 2, 16 * chunk, 1, 4);
   l.hi_word = 1;
   return l;
 }
-GGML_EXT_FN ggml_ext_layout16 ggml_ext_layout16_q5_1(int chunk) {
+GGML_EXT_LAYOUT_FN ggml_ext_layout16 ggml_ext_layout16_q5_1(int chunk) {
   ggml_ext_layout16 l = ggml_ext_with_high16(ggml_ext_make_layout16(8, 4 * chunk, 0xF, 0), 4, 16 * chunk, 1, 4);
   l.hi_word = 1;
   return l;
 }
-GGML_EXT_FN ggml_ext_layout16 ggml_ext_layout16_q8_0(int chunk) {
+GGML_EXT_LAYOUT_FN ggml_ext_layout16 ggml_ext_layout16_q8_0(int chunk) {
   ggml_ext_layout16 l = ggml_ext_make_layout16(2 + 16 * chunk, 0, 0xFF, 0);
   l.lo_signed = 1;
   return l;
 }
 // Q2_K: per 128-element half h, element 32*s + l = (qs[32*h + l] >> 2*s) & 3.
-GGML_EXT_FN ggml_ext_layout16 ggml_ext_layout16_q2_k(int chunk) {
+GGML_EXT_LAYOUT_FN ggml_ext_layout16 ggml_ext_layout16_q2_k(int chunk) {
   const int h = chunk >> 3, s = (chunk >> 1) & 3, l0 = 16 * (chunk & 1);
   return ggml_ext_make_layout16(16 + 32 * h + l0, 2 * s, 3, 0);
 }
 // Q3_K: low 2 bits as Q2_K; the code is (low | hbit << 2) - 4, hbit = bit (element / 32) of hmask[element % 32].
-GGML_EXT_FN ggml_ext_layout16 ggml_ext_layout16_q3_k(int chunk) {
+GGML_EXT_LAYOUT_FN ggml_ext_layout16 ggml_ext_layout16_q3_k(int chunk) {
   const int h = chunk >> 3, s = (chunk >> 1) & 3, l0 = 16 * (chunk & 1);
   return ggml_ext_with_high16(ggml_ext_make_layout16(32 + 32 * h + l0, 2 * s, 3, 4), l0, chunk >> 1, 1, 2);
 }
 // Q4_K: sub-block sb = chunk / 2 (32 elements) sits in 64-element chunk sb / 2, low nibble for even sb.
-GGML_EXT_FN ggml_ext_layout16 ggml_ext_layout16_q4_k(int chunk) {
+GGML_EXT_LAYOUT_FN ggml_ext_layout16 ggml_ext_layout16_q4_k(int chunk) {
   const int sb = chunk >> 1, l0 = 16 * (chunk & 1);
   return ggml_ext_make_layout16(16 + 32 * (sb >> 1) + l0, 4 * (sb & 1), 0xF, 0);
 }
 // Q5_K: as Q4_K plus bit sb of qh[element % 32].
-GGML_EXT_FN ggml_ext_layout16 ggml_ext_layout16_q5_k(int chunk) {
+GGML_EXT_LAYOUT_FN ggml_ext_layout16 ggml_ext_layout16_q5_k(int chunk) {
   const int sb = chunk >> 1, l0 = 16 * (chunk & 1);
   return ggml_ext_with_high16(ggml_ext_make_layout16(48 + 32 * (sb >> 1) + l0, 4 * (sb & 1), 0xF, 0), 16 + l0, sb, 1, 4);
 }
 // Q6_K: per 128-element half h, element 32*s + l: nibble (s >> 1) of ql[64*h + l + 32*(s & 1)], two high
 // bits (qh[32*h + l] >> 2*s) & 3; minus 32.
-GGML_EXT_FN ggml_ext_layout16 ggml_ext_layout16_q6_k(int chunk) {
+GGML_EXT_LAYOUT_FN ggml_ext_layout16 ggml_ext_layout16_q6_k(int chunk) {
   const int h = chunk >> 3, s = (chunk >> 1) & 3, l0 = 16 * (chunk & 1);
   return ggml_ext_with_high16(ggml_ext_make_layout16(64 * h + l0 + 32 * (s & 1), 4 * (s >> 1), 0xF, 32),
                               128 + 32 * h + l0, 2 * s, 3, 4);
 }
-GGML_EXT_FN ggml_ext_layout16 ggml_ext_layout16_iq4_nl(int chunk) {
+GGML_EXT_LAYOUT_FN ggml_ext_layout16 ggml_ext_layout16_iq4_nl(int chunk) {
   ggml_ext_layout16 l = ggml_ext_make_layout16(2, 4 * chunk, 0xF, 0);
   l.codebook = GGML_EXT_CODEBOOK_IQ4NL;
   return l;
 }
 // IQ4_XS: sub-block ib = chunk / 2 of 32: qs[16*ib + j] holds elements 32*ib + j and 32*ib + 16 + j.
-GGML_EXT_FN ggml_ext_layout16 ggml_ext_layout16_iq4_xs(int chunk) {
+GGML_EXT_LAYOUT_FN ggml_ext_layout16 ggml_ext_layout16_iq4_xs(int chunk) {
   ggml_ext_layout16 l = ggml_ext_make_layout16(8 + 16 * (chunk >> 1), 4 * (chunk & 1), 0xF, 0);
   l.codebook = GGML_EXT_CODEBOOK_IQ4NL;
   return l;
 }
-GGML_EXT_FN ggml_ext_layout16 ggml_ext_layout16_mxfp4(int chunk) {
+GGML_EXT_LAYOUT_FN ggml_ext_layout16 ggml_ext_layout16_mxfp4(int chunk) {
   ggml_ext_layout16 l = ggml_ext_make_layout16(1, 4 * chunk, 0xF, 0);
   l.codebook = GGML_EXT_CODEBOOK_MXFP4;
   return l;

@@ -29,7 +29,7 @@ template <class Block, int QK, ggml_ext_layout16 (*Layout)(int), ggml_ext_scale1
 struct BlockFormat {
   using B = Block;
   static constexpr int kQK = QK;
-  static ggml_ext_layout16 layout(int chunk) { return Layout(chunk); }
+  static constexpr ggml_ext_layout16 layout(int chunk) { return Layout(chunk); }
   static ggml_ext_scale16 scale(const Block* b, int chunk) { return Scale(b, chunk); }
 };
 

@@ -18,6 +18,7 @@
 #include "kernels/cpu/matmul.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -48,32 +49,73 @@ inline V load_vec(const void* p) {
 }
 
 // ---------------------------------------------------------------------------------------------------
-// Activations: rows of x quantized per 32 elements, laid out in 64-element groups. Per group and row:
-// q[64] int8, and per lane of 4 elements: d (the lane's activation scale), s (the exact float sum of its 4
-// x values) and z (-128 * the sum of its 4 codes: what offsetting the weight codes by 128 adds).
+// How a weight group meets the activations. With VNNI (one instruction: unsigned bytes times signed bytes,
+// summed per 4 into int32 lanes) the weight side is unsigned, U = code + zc for a per-type constant zc, and
+// every activation lane starts from -zc * (the sum of its 4 codes), so dpbusd(start, U, q) = sum code * q.
+// Elsewhere the weight side is the signed code and the dot is signed times signed.
 // ---------------------------------------------------------------------------------------------------
+#if defined(__AVX512VNNI__) && defined(__AVX512VBMI__)
+constexpr bool kUnsignedWeights = true;
+#else
+constexpr bool kUnsignedWeights = false;
+#endif
+
+// Formats with an offset (d * q + m; kOffset) have their unsigned codes centered, d * (q - c) + (m + d * c):
+// the activation's rounding errors then cancel instead of adding up (about 3.6 times less error for 4 bits).
+template <class Q, bool kOffset>
+constexpr int code_center() {
+  if (!kOffset) return 0;
+  const ggml_ext_layout16 l = Q::layout(0);
+  return (l.lo_mask + 1) * (l.hi_word ? 2 : l.hi_mask + 1) / 2;
+}
+
+// zc: the unsigned weight byte is code + zc (the format's own unsigned part where it has one).
+template <class Q, bool kOffset>
+constexpr int weight_zero() {
+  const ggml_ext_layout16 l = Q::layout(0);
+  if (l.lo_signed || l.codebook != GGML_EXT_CODEBOOK_NONE) return 128;
+  return l.zero + code_center<Q, kOffset>();
+}
+
+// Whether a format adds a per-chunk offset (Q4_1, Q5_1, Q2_K, Q4_K, Q5_K): asked of its scale function.
+template <class Q>
+bool has_offset() {
+  typename Q::B probe{};
+  return Q::scale(&probe, 0).offset_op != 0;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Activations: rows of x quantized per 32 elements. Stored in tiles of kTileRows rows, group-major, so that a
+// tile's data for one weight group is contiguous: per (tile, group, row) a record of the 64 codes, per lane
+// of 4 elements the lane's activation scale and its VNNI start (-zc * sum of its codes); and apart, per
+// lane, the exact float sum of its 4 x values (used by formats with offsets).
+// ---------------------------------------------------------------------------------------------------
+struct ActRecord {
+  int8_t q[kGroup];
+  int32_t start[kGroupLanes];
+  float d[kGroupLanes];
+};
+
 struct QuantizedRows {
   int64_t groups = 0;
-  std::vector<int8_t> q;
-  std::vector<float> d, s;
-  std::vector<int32_t> z;
+  int zc = 0;
+  std::vector<ActRecord> rec;
+  std::vector<float> sums;  // kGroupLanes per record
 
-  void resize(int64_t rows, int64_t n_groups) {
+  void resize(int64_t padded_rows, int64_t n_groups, int weight_zero) {
     groups = n_groups;
-    q.assign(rows * groups * kGroup, 0);
-    d.assign(rows * groups * kGroupLanes, 0.0f);
-    s.assign(rows * groups * kGroupLanes, 0.0f);
-    z.assign(rows * groups * kGroupLanes, 0);
+    zc = weight_zero;
+    rec.assign(padded_rows * groups, ActRecord{});  // zeros: padding rows and the tail of the last group
+    sums.assign(padded_rows * groups * kGroupLanes, 0.0f);
   }
-  int64_t at(int64_t row, int64_t group) const { return row * groups + group; }
+  // Record index of (row, group): tiles of kTileRows rows, group-major inside a tile.
+  int64_t at(int64_t row, int64_t group) const {
+    return (row / kTileRows * groups + group) * kTileRows + row % kTileRows;
+  }
 };
 
 template <class Fmt>
 void quantize_activation_row(const typename Fmt::T* x, int64_t K, QuantizedRows& a, int64_t row) {
-  int8_t* q = a.q.data() + a.at(row, 0) * kGroup;
-  float* d = a.d.data() + a.at(row, 0) * kGroupLanes;
-  float* s = a.s.data() + a.at(row, 0) * kGroupLanes;
-  int32_t* z = a.z.data() + a.at(row, 0) * kGroupLanes;
   for (int64_t k0 = 0; k0 < K; k0 += kActBlock) {
     float v[kActBlock];
     float amax = 0.0f;
@@ -84,45 +126,45 @@ void quantize_activation_row(const typename Fmt::T* x, int64_t K, QuantizedRows&
     }
     const float scale = amax / 127.0f;
     const float inv = scale != 0.0f && std::isfinite(scale) ? 1.0f / scale : 0.0f;
-    int8_t* qb = q + k0;
-    for (int j = 0; j < kActBlock; ++j) qb[j] = static_cast<int8_t>(std::nearbyint(v[j] * inv));
+    const int64_t i = a.at(row, k0 / kGroup), part = k0 % kGroup;
+    ActRecord& r = a.rec[i];
+    for (int j = 0; j < kActBlock; ++j) r.q[part + j] = static_cast<int8_t>(std::nearbyint(v[j] * inv));
+    float* sums = a.sums.data() + i * kGroupLanes + part / 4;
     for (int l = 0; l < kActBlock / 4; ++l) {
-      const int64_t lane = k0 / 4 + l;
-      d[lane] = scale;
-      s[lane] = (v[4 * l] + v[4 * l + 1]) + (v[4 * l + 2] + v[4 * l + 3]);
-      z[lane] = -128 * (qb[4 * l] + qb[4 * l + 1] + qb[4 * l + 2] + qb[4 * l + 3]);
+      const int8_t* q = r.q + part + 4 * l;
+      r.start[part / 4 + l] = -a.zc * (q[0] + q[1] + q[2] + q[3]);
+      r.d[part / 4 + l] = scale;
+      sums[l] = (v[4 * l] + v[4 * l + 1]) + (v[4 * l + 2] + v[4 * l + 3]);
     }
   }
 }
 
 // ---------------------------------------------------------------------------------------------------
-// The integer dot of 64 weight codes with 64 activation codes, 4 elements per int32 lane.
+// The integer dot of 64 weight bytes with a record's 64 activation codes, 4 elements per int32 lane.
 // ---------------------------------------------------------------------------------------------------
-inline __attribute__((always_inline)) vi32x16 dot_lanes(vi8x64 w, const int8_t* q, const int32_t* z) {
-#if defined(__AVX512VNNI__)
-  const __m512i u = (__m512i)(w ^ static_cast<int8_t>(-128));  // code + 128, unsigned
-  return (vi32x16)_mm512_dpbusd_epi32(_mm512_loadu_si512(z), u, _mm512_loadu_si512(q));
+inline __attribute__((always_inline)) vi32x16 dot_lanes(vi8x64 w, const ActRecord& r) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VBMI__)
+  return (vi32x16)_mm512_dpbusd_epi32(_mm512_loadu_si512(r.start), (__m512i)w, _mm512_loadu_si512(r.q));
 #elif defined(__AVX2__)
-  (void)z;
   typedef int8_t vi8x32 __attribute__((vector_size(32)));
+  typedef int32_t vi32x8 __attribute__((vector_size(32)));
   const __m256i ones = _mm256_set1_epi16(1);
   auto half = [&](vi8x32 wh, const int8_t* qh) {
     const __m256i wv = (__m256i)wh, qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh));
     // |w| * (q with w's sign): products of at most 128 * 127, pairs within int16
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(qv, wv)), ones);
+    return (vi32x8)_mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(qv, wv)),
+                                     ones);
   };
   const vi8x32 lo = __builtin_shufflevector(w, w, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18,
                                             19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31);
   const vi8x32 hi = __builtin_shufflevector(w, w, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47,
                                             48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63);
-  typedef int32_t vi32x8 __attribute__((vector_size(32)));
-  const vi32x8 a = (vi32x8)half(lo, q), b = (vi32x8)half(hi, q + 32);
+  const vi32x8 a = half(lo, r.q), b = half(hi, r.q + 32);
   return __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
 #elif defined(__aarch64__) && defined(__ARM_NEON)
-  (void)z;
   int32x4_t parts[4];
   for (int i = 0; i < 4; ++i) {
-    const int8x16_t wv = vld1q_s8(reinterpret_cast<const int8_t*>(&w) + 16 * i), qv = vld1q_s8(q + 16 * i);
+    const int8x16_t wv = vld1q_s8(reinterpret_cast<const int8_t*>(&w) + 16 * i), qv = vld1q_s8(r.q + 16 * i);
 #if defined(__ARM_FEATURE_DOTPROD)
     parts[i] = vdotq_s32(vdupq_n_s32(0), wv, qv);
 #else
@@ -131,18 +173,15 @@ inline __attribute__((always_inline)) vi32x16 dot_lanes(vi8x64 w, const int8_t* 
     parts[i] = vpaddq_s32(pairs_lo, pairs_hi);
 #endif
   }
-  vi32x16 r;
-  std::memcpy(&r, parts, sizeof r);
-  return r;
+  return load_vec<vi32x16>(parts);
 #else
-  (void)z;
-  vi32x16 r;
+  vi32x16 out;
   for (int l = 0; l < kGroupLanes; ++l) {
     int sum = 0;
-    for (int j = 0; j < 4; ++j) sum += static_cast<int>(w[4 * l + j]) * static_cast<int>(q[4 * l + j]);
-    r[l] = sum;
+    for (int j = 0; j < 4; ++j) sum += static_cast<int>(w[4 * l + j]) * static_cast<int>(r.q[4 * l + j]);
+    out[l] = sum;
   }
-  return r;
+  return out;
 #endif
 }
 
@@ -169,90 +208,302 @@ inline float signed_offset(const ggml_ext_scale16& s) {
 }
 
 // ---------------------------------------------------------------------------------------------------
+// Weight groups. A group is 64 consecutive elements of a row: chunks 4G..4G+3 of a 256-element block, or
+// chunks 0, 1 of two consecutive 32-element blocks (G = 0). Its weights are the 64 codes (unsigned or
+// signed, see above) and per lane the chunk's scale and offset.
+// ---------------------------------------------------------------------------------------------------
+struct GroupWeights {
+  vi8x64 codes;
+  vf32x16 scale, offset;
+};
+
+// The chunk layout of chunk c (0..3) of group G, with its byte offsets counted from the group's first block.
+template <class Q>
+constexpr ggml_ext_layout16 group_chunk_layout(int G, int c) {
+  if (Q::kQK == 32) {
+    ggml_ext_layout16 l = Q::layout(c & 1);
+    const int block_offset = static_cast<int>(sizeof(typename Q::B)) * (c >> 1);
+    l.lo += block_offset;
+    l.hi += block_offset;
+    return l;
+  }
+  return Q::layout(4 * G + c);
+}
+
+// Portable codes: four 16-element chunks through the shared decoder.
+template <class Q, bool kOffset>
+struct ChunkCodes {
+  static constexpr int8_t kShift = static_cast<int8_t>(
+      kUnsignedWeights ? weight_zero<Q, kOffset>() - code_center<Q, kOffset>() : -code_center<Q, kOffset>());
+  vi8x16 table = codebook_table(Q::layout(0).codebook);
+
+  template <int G>
+  inline __attribute__((always_inline)) vi8x64 decode(const uint8_t* base, bool second_block = true) const {
+    auto chunk = [&](int c) { return codes16(base, group_chunk_layout<Q>(G, c), table); };
+    const vi8x64 codes = concat_chunks(chunk(0), chunk(1), second_block ? chunk(2) : vi8x16{},
+                                       second_block ? chunk(3) : vi8x16{});
+    return codes + kShift;
+  }
+};
+
+#if defined(__AVX512VNNI__) && defined(__AVX512VBMI__)
+// AVX-512 VBMI: the group's bytes are gathered by one or two byte permutes from windows of the block, shifted
+// per chunk and masked, all 64 at once, giving the unsigned weight bytes. The permute indices and shift
+// counts come from the shared layouts, computed once per type and group position.
+struct GroupPlan {
+  alignas(64) uint8_t lo_idx[64];
+  alignas(64) uint16_t lo_shift[32];
+  alignas(64) uint8_t hi_idx[64];
+  alignas(64) uint16_t hi_shift[32];
+  alignas(64) uint8_t hi_bit[64];  // hi_word formats: the bit of the gathered byte that holds each element's
+  int lo_off, hi_off;              // window starts (bytes from the group's first block)
+  uint64_t lo_load, lo_load2, hi_load;  // window byte masks: loads never touch bytes past the group's blocks
+  bool lo_two;                     // the low window spans two registers
+  uint8_t lo_mask, hi_mask, hi_pos;
+  bool hi_word, has_hi, lo_signed;
+  int codebook;
+  int8_t sub;  // what takes the format's unsigned part to code + zc (the centering)
+};
+
+template <class Q, bool kOffset>
+constexpr GroupPlan make_group_plan(int G) {
+  GroupPlan p{};
+  const int group_bytes = static_cast<int>(sizeof(typename Q::B)) * (Q::kQK == 32 ? 2 : 1);
+  auto window = [&](auto offset_of, int& start, uint64_t& mask, uint64_t* mask2) {
+    int lo = 1 << 30, hi = 0;
+    for (int c = 0; c < 4; ++c) {
+      lo = std::min(lo, offset_of(group_chunk_layout<Q>(G, c)));
+      hi = std::max(hi, offset_of(group_chunk_layout<Q>(G, c)) + 16);
+    }
+    start = lo;
+    const int len = std::min(hi, group_bytes) - lo;
+    mask = len >= 64 ? ~uint64_t(0) : (uint64_t(1) << len) - 1;
+    if (mask2) *mask2 = len <= 64 ? 0 : len >= 128 ? ~uint64_t(0) : (uint64_t(1) << (len - 64)) - 1;
+    return len;
+  };
+  const ggml_ext_layout16 l0 = group_chunk_layout<Q>(G, 0);
+  p.lo_two = window([](const ggml_ext_layout16& l) { return l.lo; }, p.lo_off, p.lo_load, &p.lo_load2) > 64;
+  p.has_hi = l0.hi_mask != 0 || l0.hi_word;
+  p.hi_word = l0.hi_word;
+  if (p.has_hi) window([](const ggml_ext_layout16& l) { return l.hi; }, p.hi_off, p.hi_load, nullptr);
+  for (int c = 0; c < 4; ++c) {
+    const ggml_ext_layout16 l = group_chunk_layout<Q>(G, c);
+    for (int j = 0; j < 16; ++j) {
+      p.lo_idx[16 * c + j] = static_cast<uint8_t>(l.lo + j - p.lo_off);
+      if (l.hi_word) {
+        // bit (hi_shift + j) of the little-endian word at hi: byte (hi_shift + j) / 8, bit (hi_shift + j) % 8
+        p.hi_idx[16 * c + j] = static_cast<uint8_t>(l.hi + (l.hi_shift + j) / 8 - p.hi_off);
+        p.hi_bit[16 * c + j] = static_cast<uint8_t>(1u << ((l.hi_shift + j) % 8));
+      } else if (p.has_hi) {
+        p.hi_idx[16 * c + j] = static_cast<uint8_t>(l.hi + j - p.hi_off);
+      }
+    }
+    for (int j = 0; j < 8; ++j) {
+      p.lo_shift[8 * c + j] = static_cast<uint16_t>(l.lo_shift);
+      p.hi_shift[8 * c + j] = static_cast<uint16_t>(l.hi_word ? 0 : l.hi_shift);
+    }
+  }
+  p.lo_mask = static_cast<uint8_t>(l0.lo_mask);
+  p.hi_mask = static_cast<uint8_t>(l0.hi_mask);
+  p.hi_pos = static_cast<uint8_t>(l0.hi_pos);
+  p.lo_signed = l0.lo_signed != 0;
+  p.codebook = l0.codebook;
+  p.sub = static_cast<int8_t>(l0.zero + code_center<Q, kOffset>() - weight_zero<Q, kOffset>());
+  return p;
+}
+
+template <class Q, bool kOffset, int G>
+inline constexpr GroupPlan kGroupPlan = make_group_plan<Q, kOffset>(G);
+
+template <class Q, bool kOffset>
+struct PermuteCodes {
+  __m512i table;  // codebook values + 128, in every 128-bit lane
+
+  PermuteCodes()
+      : table(_mm512_xor_si512(_mm512_broadcast_i32x4((__m128i)codebook_table(Q::layout(0).codebook)),
+                               _mm512_set1_epi8(-128))) {}
+
+  template <int G>
+  inline __attribute__((always_inline)) vi8x64 decode(const uint8_t* base) const {
+    constexpr const GroupPlan& p = kGroupPlan<Q, kOffset, G>;
+    __m512i part;
+    const __m512i lo_idx = _mm512_load_si512(p.lo_idx);
+    if constexpr (p.lo_two) {
+      part = _mm512_permutex2var_epi8(_mm512_loadu_si512(base + p.lo_off), lo_idx,
+                                      _mm512_maskz_loadu_epi8(p.lo_load2, base + p.lo_off + 64));
+    } else {
+      part = _mm512_permutexvar_epi8(lo_idx, _mm512_maskz_loadu_epi8(p.lo_load, base + p.lo_off));
+    }
+    if constexpr (p.lo_signed) {
+      return (vi8x64)_mm512_xor_si512(part, _mm512_set1_epi8(-128));  // Q8_0: code + 128
+    } else {
+      part = _mm512_and_si512(_mm512_srlv_epi16(part, _mm512_load_si512(p.lo_shift)), _mm512_set1_epi8(p.lo_mask));
+      if constexpr (p.has_hi) {
+        const __m512i hi = _mm512_permutexvar_epi8(_mm512_load_si512(p.hi_idx),
+                                                   _mm512_maskz_loadu_epi8(p.hi_load, base + p.hi_off));
+        if constexpr (p.hi_word) {
+          const __mmask64 set = _mm512_test_epi8_mask(hi, _mm512_load_si512(p.hi_bit));
+          part = _mm512_mask_add_epi8(part, set, part, _mm512_set1_epi8(static_cast<char>(1 << p.hi_pos)));
+        } else {
+          const __m512i bits = _mm512_and_si512(_mm512_srlv_epi16(hi, _mm512_load_si512(p.hi_shift)),
+                                                _mm512_set1_epi8(p.hi_mask));
+          part = _mm512_or_si512(part, _mm512_slli_epi16(bits, p.hi_pos));
+        }
+      }
+      if constexpr (p.codebook != GGML_EXT_CODEBOOK_NONE) return (vi8x64)_mm512_shuffle_epi8(table, part);
+      if constexpr (p.sub != 0) part = _mm512_sub_epi8(part, _mm512_set1_epi8(p.sub));
+      return (vi8x64)part;
+    }
+  }
+};
+
+template <class Q, bool kOffset>
+using GroupCodes = PermuteCodes<Q, kOffset>;
+#else
+template <class Q, bool kOffset>
+using GroupCodes = ChunkCodes<Q, kOffset>;
+#endif
+
+// Chunk scales and offsets: per block for 256-element blocks (16 chunks, one lane each), then spread over a
+// group's lanes; per pair of blocks for 32-element ones. The generic form calls the shared scale function
+// per chunk; the common formats have vector forms below that compute the same values.
+template <class Q>
+struct ChunkScales {
+  using B = typename Q::B;
+  vf32x16 scale, offset;  // 256-element blocks: chunk c in lane c
+
+  void load_block(const B* b) {
+    for (int c = 0; c < 16; ++c) {
+      const auto s = Q::scale(b, c);
+      scale[c] = s.scale;
+      offset[c] = signed_offset(s);
+    }
+  }
+  static void pair(const B* b0, const B* b1, vf32x16& sw, vf32x16& ow) {
+    const auto s0 = Q::scale(b0, 0), s1 = Q::scale(b1, 0);
+    sw = chunk_lanes(s0.scale, s0.scale, s1.scale, s1.scale);
+    ow = chunk_lanes(signed_offset(s0), signed_offset(s0), signed_offset(s1), signed_offset(s1));
+  }
+};
+
+// Q4_K and Q5_K: the 8 six-bit scales and mins unpacked with byte shuffles, converted together.
+template <class Q>
+struct K4Scales : ChunkScales<Q> {
+  void load_block(const typename Q::B* b) {
+    const vu8x16 q = load16(b->scales);  // 12 bytes of scales, then the block's next field
+    // lanes 0..7: scale j, lanes 8..15: min j (get_scale_min_k4)
+    const vu8x16 low_idx = {0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11};
+    const vu8x16 low_shift = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4};
+    const vu8x16 low_mask = {63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 15, 15, 15, 15};
+    const vu8x16 high_idx = {0, 0, 0, 0, 0, 1, 2, 3, 0, 0, 0, 0, 4, 5, 6, 7};
+    const vu8x16 high_keep = {0, 0, 0, 0, 3, 3, 3, 3, 0, 0, 0, 0, 3, 3, 3, 3};
+    const vu8x16 packed = ((__builtin_shuffle(q, low_idx) >> low_shift) & low_mask) |
+                          (((__builtin_shuffle(q, high_idx) >> 6) & high_keep) << 4);
+    typedef uint16_t vu16x16 __attribute__((vector_size(32)));  // widening in two steps: GCC 12 scalarizes one
+    const vf32x16 values =
+        __builtin_convertvector(__builtin_convertvector(__builtin_convertvector(packed, vu16x16), vi32x16), vf32x16);
+    const float d = GGML_EXT_HALF_TO_FLOAT(b->d), dmin = GGML_EXT_HALF_TO_FLOAT(b->dmin);
+    const vf32x16 dl = values * d, ml = values * (-dmin);
+    // chunk c belongs to sub-block c / 2
+    this->scale = __builtin_shufflevector(dl, dl, 0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    this->offset = __builtin_shufflevector(ml, ml, 8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
+  }
+};
+
+// Q6_K: 16 int8 scales, one per chunk.
+struct Q6KScales : ChunkScales<GGML_EXT_BLOCK_FORMAT(q6_k, 256)> {
+  void load_block(const block_q6_k* b) {
+    vi8x16 s;
+    std::memcpy(&s, b->scales, sizeof s);
+    scale = __builtin_convertvector(__builtin_convertvector(__builtin_convertvector(s, vi16x16), vi32x16), vf32x16) *
+            GGML_EXT_HALF_TO_FLOAT(b->d);
+    offset = vf32x16{};
+  }
+};
+
+template <class Q>
+struct ScalesOf {
+  using type = ChunkScales<Q>;
+};
+template <>
+struct ScalesOf<GGML_EXT_BLOCK_FORMAT(q4_k, 256)> {
+  using type = K4Scales<GGML_EXT_BLOCK_FORMAT(q4_k, 256)>;
+};
+template <>
+struct ScalesOf<GGML_EXT_BLOCK_FORMAT(q5_k, 256)> {
+  using type = K4Scales<GGML_EXT_BLOCK_FORMAT(q5_k, 256)>;
+};
+template <>
+struct ScalesOf<GGML_EXT_BLOCK_FORMAT(q6_k, 256)> {
+  using type = Q6KScales;
+};
+
+template <int G>
+inline vf32x16 group_lanes(vf32x16 v) {
+  return __builtin_shufflevector(v, v, 4 * G, 4 * G, 4 * G, 4 * G, 4 * G + 1, 4 * G + 1, 4 * G + 1, 4 * G + 1,
+                                 4 * G + 2, 4 * G + 2, 4 * G + 2, 4 * G + 2, 4 * G + 3, 4 * G + 3, 4 * G + 3,
+                                 4 * G + 3);
+}
+
+// ---------------------------------------------------------------------------------------------------
 // One weight row against a tile of MR activation rows: res[r] = sum_k W[k] x[r0 + r][k].
 // ---------------------------------------------------------------------------------------------------
 template <class Q, int MR, bool kOffset>
 struct QuantRowDot {
   using B = typename Q::B;
   vf32x16 acc[MR] = {};
-  const QuantizedRows& a;
-  int64_t r0;
-  vi8x16 table;
+  const ActRecord* tile;  // the tile's records: group g's rows at tile[g * kTileRows + r]
+  const float* tile_sums;
+  const GroupCodes<Q, kOffset>& codes;
 
-  QuantRowDot(const QuantizedRows& act, int64_t row0)
-      : a(act), r0(row0), table(codebook_table(Q::layout(0).codebook)) {}
+  QuantRowDot(const QuantizedRows& act, int64_t row0, const GroupCodes<Q, kOffset>& group_codes)
+      : tile(act.rec.data() + act.at(row0, 0)),
+        tile_sums(act.sums.data() + act.at(row0, 0) * kGroupLanes),
+        codes(group_codes) {}
 
-  // Formats with an offset store unsigned codes (d * q + m): centering them (d * (q - c) + (m + d * c)) makes
-  // the activation's rounding errors cancel instead of adding up, about 3.6 times less error for 4 bits.
-  static int center() {
-    if constexpr (!kOffset) {
-      return 0;
-    } else {
-      const ggml_ext_layout16 l = Q::layout(0);
-      return (l.lo_mask + 1) * (l.hi_word ? 2 : l.hi_mask + 1) / 2;
-    }
-  }
-
-  inline __attribute__((always_inline)) void step(vi8x64 codes, vf32x16 sw, vf32x16 ow, int64_t g) {
-    if constexpr (kOffset) {
-      codes -= static_cast<int8_t>(center());
-      ow += sw * static_cast<float>(center());
-    }
+  inline __attribute__((always_inline)) void step(vi8x64 w, vf32x16 sw, vf32x16 ow, int64_t g) {
+    if constexpr (kOffset) ow += sw * static_cast<float>(code_center<Q, kOffset>());
+    const ActRecord* rec = tile + g * kTileRows;
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
-      const int64_t i = a.at(r0 + r, g);
-      const vi32x16 dot = dot_lanes(codes, a.q.data() + i * kGroup, a.z.data() + i * kGroupLanes);
-      const vf32x16 f = __builtin_convertvector(dot, vf32x16) * load_vec<vf32x16>(a.d.data() + i * kGroupLanes);
+      const vf32x16 f = __builtin_convertvector(dot_lanes(w, rec[r]), vf32x16) * load_vec<vf32x16>(rec[r].d);
       acc[r] += f * sw;
-      if constexpr (kOffset) acc[r] += ow * load_vec<vf32x16>(a.s.data() + i * kGroupLanes);
+      if constexpr (kOffset) acc[r] += ow * load_vec<vf32x16>(tile_sums + (g * kTileRows + r) * kGroupLanes);
     }
-  }
-
-  template <int C>
-  inline __attribute__((always_inline)) vi8x16 codes(const uint8_t* block) const {
-    return codes16(block, Q::layout(C), table);
   }
 
   void run(const uint8_t* row, int64_t n_blocks, float* res) {
+    using Scales = typename ScalesOf<Q>::type;
     if constexpr (Q::kQK == 32) {
-      // A group is two blocks: chunks 0, 1 of each.
       int64_t blk = 0;
+      vf32x16 sw, ow;
       for (; blk + 2 <= n_blocks; blk += 2) {
         const uint8_t* p0 = row + blk * sizeof(B);
-        const uint8_t* p1 = p0 + sizeof(B);
-        const auto s0 = Q::scale(reinterpret_cast<const B*>(p0), 0);
-        const auto s1 = Q::scale(reinterpret_cast<const B*>(p1), 0);
-        const float o0 = signed_offset(s0), o1 = signed_offset(s1);
-        step(concat_chunks(codes<0>(p0), codes<1>(p0), codes<0>(p1), codes<1>(p1)),
-             chunk_lanes(s0.scale, s0.scale, s1.scale, s1.scale), chunk_lanes(o0, o0, o1, o1), blk / 2);
+        Scales::pair(reinterpret_cast<const B*>(p0), reinterpret_cast<const B*>(p0 + sizeof(B)), sw, ow);
+        step(codes.template decode<0>(p0), sw, ow, blk / 2);
       }
       if (blk < n_blocks) {  // an odd block count: the last group's second half is empty
         const uint8_t* p0 = row + blk * sizeof(B);
         const auto s0 = Q::scale(reinterpret_cast<const B*>(p0), 0);
         const float o0 = signed_offset(s0);
-        step(concat_chunks(codes<0>(p0), codes<1>(p0), vi8x16{}, vi8x16{}),
+        step(ChunkCodes<Q, kOffset>().template decode<0>(p0, /*second_block=*/false),
              chunk_lanes(s0.scale, s0.scale, 0.0f, 0.0f), chunk_lanes(o0, o0, 0.0f, 0.0f), blk / 2);
       }
     } else {
+      static_assert(Q::kQK == 4 * kGroup, "a 256-element block is four groups");
+      Scales sc;
       for (int64_t blk = 0; blk < n_blocks; ++blk) {
         const uint8_t* p = row + blk * sizeof(B);
-        const auto* b = reinterpret_cast<const B*>(p);
-        [&]<int... G>(std::integer_sequence<int, G...>) {
-          (group<G>(p, b, blk * (Q::kQK / kGroup) + G), ...);
-        }(std::make_integer_sequence<int, Q::kQK / kGroup>{});
+        sc.load_block(reinterpret_cast<const B*>(p));
+        const int64_t g = blk * 4;
+        step(codes.template decode<0>(p), group_lanes<0>(sc.scale), group_lanes<0>(sc.offset), g);
+        step(codes.template decode<1>(p), group_lanes<1>(sc.scale), group_lanes<1>(sc.offset), g + 1);
+        step(codes.template decode<2>(p), group_lanes<2>(sc.scale), group_lanes<2>(sc.offset), g + 2);
+        step(codes.template decode<3>(p), group_lanes<3>(sc.scale), group_lanes<3>(sc.offset), g + 3);
       }
     }
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) res[r] = hsum16(acc[r]);
-  }
-
-  template <int G>
-  inline __attribute__((always_inline)) void group(const uint8_t* p, const B* b, int64_t g) {
-    const auto s0 = Q::scale(b, 4 * G), s1 = Q::scale(b, 4 * G + 1);
-    const auto s2 = Q::scale(b, 4 * G + 2), s3 = Q::scale(b, 4 * G + 3);
-    step(concat_chunks(codes<4 * G>(p), codes<4 * G + 1>(p), codes<4 * G + 2>(p), codes<4 * G + 3>(p)),
-         chunk_lanes(s0.scale, s1.scale, s2.scale, s3.scale),
-         chunk_lanes(signed_offset(s0), signed_offset(s1), signed_offset(s2), signed_offset(s3)), g);
   }
 
   static float hsum16(vf32x16 v) {
@@ -334,32 +585,31 @@ void forward_tiles(const MatmulArgs& a, int64_t row_bytes, DotTile&& dot_tile) {
 }
 
 template <class Q, bool kOffset>
-void forward_quantized(const MatmulArgs& a, const QuantizedRows& act) {
+void forward_quantized(const MatmulArgs& a) {
+  QuantizedRows act;
+  act.resize(padded_rows(a.M), (a.K + kGroup - 1) / kGroup, kUnsignedWeights ? weight_zero<Q, kOffset>() : 0);
+  GGML_EXT_FLOAT_SWITCH(a.x_type, In, {
+    const auto* x = static_cast<const typename In::T*>(a.x);
+    parallel_for(a.M, std::max<int64_t>(1, 16384 / a.K), [&](int64_t m0, int64_t m1) {
+      for (int64_t m = m0; m < m1; ++m) quantize_activation_row<In>(x + m * a.K, a.K, act, m);
+    });
+  });
   const int64_t n_blocks = a.K / Q::kQK;
   const int64_t row_bytes = n_blocks * sizeof(typename Q::B);
   const auto* w = static_cast<const uint8_t*>(a.w);
+  const GroupCodes<Q, kOffset> codes;
   forward_tiles(a, row_bytes, [&](int64_t n, int64_t m0, int64_t rows, float* res) {
-    with_tile(rows, [&]<int MR>() { QuantRowDot<Q, MR, kOffset>(act, m0).run(w + n * row_bytes, n_blocks, res); });
+    with_tile(rows,
+              [&]<int MR>() { QuantRowDot<Q, MR, kOffset>(act, m0, codes).run(w + n * row_bytes, n_blocks, res); });
   });
 }
 
 template <class Q>
 void forward_quantized(const MatmulArgs& a) {
-  QuantizedRows act;
-  act.resize(padded_rows(a.M), (a.K + kGroup - 1) / kGroup);
-  GGML_EXT_FLOAT_SWITCH(a.x_type, In, {
-    const auto* x = static_cast<const typename In::T*>(a.x);
-    parallel_for(a.M, std::max<int64_t>(1, 16384 / a.K),
-                 [&](int64_t m0, int64_t m1) {
-                   for (int64_t m = m0; m < m1; ++m) quantize_activation_row<In>(x + m * a.K, a.K, act, m);
-                 });
-  });
-  // Whether the format has per-chunk offsets is a property of the type: ask its scale function.
-  typename Q::B probe{};
-  if (Q::scale(&probe, 0).offset_op != 0) {
-    forward_quantized<Q, true>(a, act);
+  if (has_offset<Q>()) {
+    forward_quantized<Q, true>(a);
   } else {
-    forward_quantized<Q, false>(a, act);
+    forward_quantized<Q, false>(a);
   }
 }
 
