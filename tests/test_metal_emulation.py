@@ -159,6 +159,15 @@ def rms_norm_reference(x, w, eps):
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("dim,rows,weighted", [(1, 3, True), (33, 4, False), (200, 3, True), (1100, 2, True)])
 def test_rms_norm(metal, dtype, dim, rows, weighted):
+    check_rms_norm(metal, dtype, dim, rows, weighted)
+
+
+def test_rms_norm_in_place(metal):
+    """eval_gpu donates x's buffer to the output when MLX allows: y aliases x."""
+    check_rms_norm(metal, "f32", 1100, 3, True, in_place=True)
+
+
+def check_rms_norm(metal, dtype, dim, rows, weighted, in_place=False):
     storage, to_storage, to_f32 = DTYPES[dtype]
     rng = np.random.default_rng(dim)
     x = to_storage(rng.standard_normal((rows, dim)) * 3)
@@ -166,9 +175,11 @@ def test_rms_norm(metal, dtype, dim, rows, weighted):
     eps = 1e-5
     plan = metal.plan("rms_norm", dtype=dtype, rows=rows, dim=dim, rows_per_weight=rows, weighted=int(weighted),
                       eps=eps)
-    out = metal.dispatch_plan(plan, {0: x, 1: w if weighted else x, 2: np.full(x.shape, 0xFF, storage)},
-                              args_index=3, seed=dim)
-    got = to_f32(out[2]).reshape(rows, dim)
+    buffers = {0: x, 1: w if weighted else x}
+    if not in_place:
+        buffers[2] = np.full(x.shape, 0xFF, storage)
+    out = metal.dispatch_plan(plan, buffers, args_index=3, seed=dim, aliases={2: 0} if in_place else None)
+    got = to_f32(out[0 if in_place else 2]).reshape(rows, dim)
     expected = rms_norm_reference(to_f32(x), to_f32(w) if weighted else None, eps)
     assert_close(got, expected, TOL["rms_norm"][dtype], f"rms_norm {dtype}")
 
@@ -248,6 +259,15 @@ ROPE_CASES = {
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("case", list(ROPE_CASES))
 def test_rope(metal, case, dtype):
+    check_rope(metal, case, dtype)
+
+
+def test_rope_in_place(metal):
+    """eval_gpu donates x's buffer to the output when MLX allows: y aliases x."""
+    check_rope(metal, "neox-partial", "f16", in_place=True)
+
+
+def check_rope(metal, case, dtype, in_place=False):
     import mlx_ggml_ext.reference as reference
 
     c = ROPE_CASES[case]
@@ -267,10 +287,12 @@ def test_rope(metal, case, dtype):
                       neox=int(neox), has_factors=int(factors is not None), has_ramp=int(ramp is not None),
                       theta_scale=float(theta_scale), freq_scale=float(params["freq_scale"]), mscale=float(mscale),
                       sin_sign=float(sin_sign))
-    out = metal.dispatch_plan(plan, {0: x, 1: np.full(x.shape, 0xFF, storage), 2: positions,
-                                     3: factors if factors is not None else x,  # as csrc/backend/metal binds
-                                     4: ramp if ramp is not None else x}, args_index=5, seed=len(case))
-    got = to_f32(out[1]).reshape(x.shape)
+    buffers = {0: x, 2: positions, 3: factors if factors is not None else x,  # as csrc/backend/metal binds
+               4: ramp if ramp is not None else x}
+    if not in_place:
+        buffers[1] = np.full(x.shape, 0xFF, storage)
+    out = metal.dispatch_plan(plan, buffers, args_index=5, seed=len(case), aliases={1: 0} if in_place else None)
+    got = to_f32(out[0 if in_place else 1]).reshape(x.shape)
     xf = to_f32(x).reshape(x.shape)
     for b in range(batches):
         expected = reference.rope(xf[b], positions[b // (batches // position_rows)], n_dims, c["mode"],

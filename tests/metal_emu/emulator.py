@@ -86,17 +86,18 @@ class Emulator:
         plan["args"] = bytes.fromhex(plan["args"])
         return plan
 
-    def dispatch_plan(self, plan: dict, buffers: dict, args_index: int, seed: int = 0):
+    def dispatch_plan(self, plan: dict, buffers: dict, args_index: int, seed: int = 0, aliases: dict | None = None):
         """Runs a plan from `plan` with its argument block bound at [[buffer(args_index)]]."""
         tg = {0: plan["threadgroup_bytes"]} if plan["threadgroup_bytes"] else {}
         return self.dispatch(plan["kernel"], plan["groups"], (plan["threads"],), {**buffers, args_index: plan["args"]},
-                             threadgroup=tg, seed=seed)
+                             threadgroup=tg, seed=seed, aliases=aliases)
 
     def dispatch(self, kernel: str, groups, threads, buffers: dict, threadgroup: dict | None = None,
-                 seed: int = 0, expect_failure: bool = False):
+                 seed: int = 0, expect_failure: bool = False, aliases: dict | None = None):
         """Runs `kernel` on a grid of `groups` threadgroups of `threads` threads. buffers: index -> numpy
-        array (or bytes); threadgroup: index -> bytes of threadgroup memory. Returns index -> uint8 array
-        of each buffer after the dispatch (or, with expect_failure, the emulator's error message)."""
+        array (or bytes); threadgroup: index -> bytes of threadgroup memory; aliases: index -> index of a
+        buffer bound there too (in-place outputs). Returns index -> uint8 array of each buffer after the
+        dispatch (or, with expect_failure, the emulator's error message)."""
         assert kernel in self.kernels, f"{kernel} is not a kernel of kernels/metal"
         self._count += 1
         d = self.work_dir / f"dispatch{self._count}"
@@ -110,6 +111,8 @@ class Emulator:
             lines.append(f"buffer {index} {path}")
         for index, size in (threadgroup or {}).items():
             lines.append(f"threadgroup {index} {size}")
+        for index, other in (aliases or {}).items():
+            lines.append(f"alias {index} {other}")
         job = d / "job.txt"
         job.write_text("\n".join(lines) + "\n")
         result = subprocess.run([str(self.binary), str(job)], capture_output=True, text=True, timeout=120)

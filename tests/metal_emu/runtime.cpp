@@ -17,6 +17,7 @@
 //
 // Usage: metal_emu JOB, where JOB is a text file of lines:
 //   kernel NAME | groups X Y Z | threads X Y Z | seed N | buffer INDEX PATH | threadgroup INDEX BYTES
+//   | alias INDEX OTHER (binds buffer OTHER at INDEX too: an output donated its input's memory)
 // Every buffer is read from PATH and written back to PATH.out after the dispatch.
 #include <signal.h>
 #include <sys/mman.h>
@@ -275,6 +276,7 @@ struct Job {
   U3 groups{1, 1, 1}, threads{1, 1, 1};
   unsigned seed = 0;
   std::map<int, std::string> buffer_paths;
+  std::map<int, int> aliases;
   std::map<int, size_t> threadgroup_bytes;
 };
 
@@ -298,6 +300,9 @@ Job read_job(const char* path) {
     } else if (key == "buffer") {
       int index;
       ls >> index >> job.buffer_paths[index];
+    } else if (key == "alias") {
+      int index;
+      ls >> index >> job.aliases[index];
     } else if (key == "threadgroup") {
       int index;
       ls >> index >> job.threadgroup_bytes[index];
@@ -340,12 +345,16 @@ int run(const Job& job) {
   if (tg_total > kMaxThreadgroupBytes) die("threadgroup memory above 32 KiB");
 
   std::vector<GuardedBuffer> buffers(slots_needed(job.buffer_paths));
-  std::vector<void*> buffer_ptrs(buffers.size(), nullptr);
+  std::vector<void*> buffer_ptrs(std::max(buffers.size(), size_t(slots_needed(job.aliases))), nullptr);
   for (const auto& [index, path] : job.buffer_paths) {
     const auto bytes = read_file(path);
     buffers[index].allocate("buffer(" + std::to_string(index) + ")", bytes.size());
     if (!bytes.empty()) std::memcpy(buffers[index].data, bytes.data(), bytes.size());
     buffer_ptrs[index] = buffers[index].data;
+  }
+  for (const auto& [index, other] : job.aliases) {
+    if (other >= static_cast<int>(buffers.size()) || !buffers[other].data) die("alias of an unbound buffer");
+    buffer_ptrs[index] = buffer_ptrs[other];
   }
   std::vector<GuardedBuffer> tg_memory(slots_needed(job.threadgroup_bytes));
   std::vector<void*> tg_ptrs(tg_memory.size(), nullptr);
