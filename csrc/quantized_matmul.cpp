@@ -18,10 +18,10 @@ int64_t row_elements(int type, int64_t row_bytes) {
 mx::array product_node(const mx::array& x, const mx::array& w, int type, bool transpose, mx::Dtype out_dtype,
                        mx::StreamOrDevice s) {
   auto stream = mx::to_stream(s);
-  const int64_t cols = transpose ? row_elements(type, w.shape(3)) : w.shape(2);
-  mx::Shape shape = {x.shape(0), x.shape(1), x.shape(2), static_cast<int>(cols)};
-  return mx::array(shape, out_dtype, std::make_shared<QuantizedMatmul>(stream, type, transpose, out_dtype),
-                   {row_contiguous(x, stream), row_contiguous(w, stream)});
+  auto prim = std::make_shared<QuantizedMatmul>(stream, type, transpose, out_dtype);
+  std::vector<mx::array> inputs = {row_contiguous(x, stream), row_contiguous(w, stream)};
+  auto shape = prim->output_shapes(inputs)[0];
+  return mx::array(std::move(shape), out_dtype, std::move(prim), std::move(inputs));
 }
 
 // A float weight's ggml type (from its dtype) and its bytes as uint8 rows; raw blocks pass through.
@@ -84,13 +84,9 @@ mx::array quantized_matmul(const mx::array& x, const mx::array& w_blocks, int gg
                                     ") needs blocks of shape (N, ", row_bytes, ") (bytes per row), got ",
                                     shape_str(w.bytes.shape()), "."));
   }
-  const int rows = static_cast<int>(x.size() / std::max<int64_t>(1, K));
-  auto x4 = mx::reshape(x, {1, 1, rows, static_cast<int>(K)}, s);
+  // x keeps its shape (so mx.compile(shapeless=True) can vary it); the weight is one unbatched matrix.
   auto w4 = mx::reshape(w.bytes, {1, 1, w.bytes.shape(0), static_cast<int>(row_bytes)}, s);
-  auto out = product_node(x4, w4, w.type, /*transpose=*/false, x.dtype(), s);
-  mx::Shape out_shape = x.shape();
-  out_shape.back() = w.bytes.shape(0);
-  return mx::reshape(out, out_shape, s);
+  return product_node(x, w4, w.type, /*transpose=*/false, x.dtype(), s);
 }
 
 mx::array mul_mat(const mx::array& a, int ggml_type, const mx::Shape& a_shape, const mx::array& b,
@@ -135,8 +131,9 @@ bool QuantizedMatmul::is_equivalent(const mx::Primitive& other) const {
 std::vector<mx::Shape> QuantizedMatmul::output_shapes(const std::vector<mx::array>& inputs) {
   const auto& x = inputs[0];
   const auto& w = inputs[1];
-  const int cols = transpose_ ? static_cast<int>(row_elements(type_, w.shape(3))) : w.shape(2);
-  return {{x.shape(0), x.shape(1), x.shape(2), cols}};
+  mx::Shape shape = x.shape();
+  shape.back() = transpose_ ? static_cast<int>(row_elements(type_, w.shape(3))) : w.shape(2);
+  return {shape};
 }
 
 namespace {
@@ -172,9 +169,18 @@ std::pair<std::vector<mx::array>, std::vector<int>> QuantizedMatmul::vmap(const 
   const auto s = stream();
   auto x = inputs[0];
   auto w = inputs[1];
-  const int x_axis = axes[0], w_axis = axes.size() > 1 ? axes[1] : -1;
+  int x_axis = axes[0];
+  const int w_axis = axes.size() > 1 ? axes[1] : -1;
+  if (w_axis < 0 && w.shape(0) * w.shape(1) == 1) {
+    // One weight matrix: every axis of x but the last is rows, so the mapped axis is one more.
+    if (x_axis == x.ndim() - 1) {
+      x = mx::moveaxis(x, x_axis, 0, s);
+      x_axis = 0;
+    }
+    return {{product_node(x, w, type_, transpose_, out_dtype_, s)}, {x_axis}};
+  }
   if (w_axis < 0) {
-    // Only x is mapped: the mapped axis joins x's rows (M), so every batch meets the same weight.
+    // Batched weights, x mapped: the mapped axis joins x's rows (M) within each batch.
     x = mx::moveaxis(x, x_axis, 2, s);  // (B3, B2, V, M, K)
     const int V = x.shape(2);
     auto x4 = mx::reshape(x, {x.shape(0), x.shape(1), V * x.shape(3), x.shape(4)}, s);
@@ -192,10 +198,17 @@ std::pair<std::vector<mx::array>, std::vector<int>> QuantizedMatmul::vmap(const 
   } else {
     x = mx::moveaxis(x, x_axis, 0, s);
   }
+  const mx::Shape x_shape = x.shape();  // (V, ..., K)
+  mx::Shape x4 = x_shape;
+  if (x.ndim() != 5) {  // x's own axes were all rows: (V, 1, 1, rows, K)
+    const int rows = static_cast<int>(x.size() / std::max<int64_t>(1, static_cast<int64_t>(V) * x_shape.back()));
+    x4 = {V, 1, 1, rows, x_shape.back()};
+  }
   auto w4 = mx::reshape(w, {V * w.shape(1), w.shape(2), w.shape(3), w.shape(4)}, s);
-  auto x4 = mx::reshape(x, {V * x.shape(1), x.shape(2), x.shape(3), x.shape(4)}, s);
-  auto out = product_node(x4, w4, type_, transpose_, out_dtype_, s);
-  return {{mx::reshape(out, {V, x.shape(1), x.shape(2), x.shape(3), out.shape(3)}, s)}, {0}};
+  auto out = product_node(mx::reshape(x, {V * x4[1], x4[2], x4[3], x4[4]}, s), w4, type_, transpose_, out_dtype_, s);
+  mx::Shape out_shape = x_shape;
+  out_shape.back() = out.shape(3);
+  return {{mx::reshape(out, out_shape, s)}, {0}};
 }
 
 }  // namespace mlx_ggml_ext

@@ -15,13 +15,14 @@ mx::array quantized_matmul(const mx::array& x, const mx::array& w_blocks, int gg
 mx::array mul_mat(const mx::array& a, int ggml_type, const mx::Shape& a_shape, const mx::array& b,
                   mx::StreamOrDevice s = {});
 
-// The primitive behind both. Inputs, both row-contiguous and 4-D:
-//   x: (B3, B2, M, Kx) float32/float16/bfloat16
+// The primitive behind both. Inputs, both row-contiguous:
+//   x: (B3, B2, M, Kx) float32/float16/bfloat16; against an unbatched weight (A3 = A2 = 1) any (..., Kx),
+//      every leading axis being rows (the output keeps x's leading shape)
 //   w: (A3, A2, N, row_bytes) uint8, each row N_i holding K = row_bytes / type_size * block_size elements of
 //      `ggml_type` (F32/F16/BF16 as their raw bytes too), with B2 % A2 == 0 and B3 % A3 == 0; batch (b3, b2)
 //      of x uses w's batch (b3 / (B3 / A3), b2 / (B2 / A2)): ggml's broadcasting.
-// transpose == false: Kx == K, out (B3, B2, M, N)[m, n] = sum_k x[m, k] * W[n, k]      (the forward product)
-// transpose == true:  Kx == N, out (B3, B2, M, K)[m, k] = sum_n x[m, n] * W[n, k]      (x's gradient)
+// transpose == false: Kx == K, out (..., N)[m, n] = sum_k x[m, k] * W[n, k]      (the forward product)
+// transpose == true:  Kx == N, out (..., K)[m, k] = sum_n x[m, n] * W[n, k]      (x's gradient)
 // out has dtype `out_dtype` (x's for quantized_matmul, float32 for mul_mat); sums in float32 or better.
 class QuantizedMatmul : public mx::UnaryPrimitive {
  public:

@@ -11,7 +11,7 @@ from typing import Optional, Union
 import mlx.core as mx
 
 from . import _ext
-from .types import GGMLType
+from .types import GGMLTensor, GGMLType
 
 Stream = Optional[mx.Stream | mx.Device]
 
@@ -126,4 +126,44 @@ def quantize(w: mx.array, ggml_type, *, stream: Stream = None) -> mx.array:
     return _ext.quantize(w, int(GGMLType.of(ggml_type)), stream=stream)
 
 
-__all__ = ["rms_norm", "rope", "dequantize", "quantize"]
+def quantized_matmul(x: mx.array, w: Union[GGMLTensor, mx.array], ggml_type=None, *,
+                     stream: Stream = None) -> mx.array:
+    """``x @ dequantize(w).T`` computed on the packed ggml blocks (the float matrix is never materialized).
+
+    ``x``: float32/float16/bfloat16 of shape ``(..., K)``. ``w``: a :class:`GGMLTensor` of logical shape
+    ``(N, K)``, or its raw blocks (uint8 ``(N, bytes_per_row)``) with ``ggml_type``, or a float32/float16/
+    bfloat16 array ``(N, K)``. Every type of :class:`GGMLType`; K must fill whole blocks of the type. Returns
+    ``(..., N)`` in x's dtype. On the CPU, quantized weights meet x quantized to int8 per 32 elements (as
+    ggml's CPU does); sums in float32. Differentiable in x (the weight's bytes have no gradient); supports
+    vmap over x and over a batch of weights, and mx.compile.
+    """
+    _require_array("x", x)
+    if isinstance(w, GGMLTensor):
+        if ggml_type is not None and GGMLType.of(ggml_type) != w.ggml_type:
+            raise ValueError(f"ggml_type {GGMLType.of(ggml_type).name} does not match the tensor's "
+                             f"{w.ggml_type.name}")
+        if len(w.shape) != 2:
+            raise ValueError(f"w must be a 2-D weight (N, K), got a tensor of shape {w.shape}")
+        return _ext.quantized_matmul(x, w.data, int(w.ggml_type), stream=stream)
+    if not isinstance(w, mx.array):
+        raise TypeError(f"w must be a GGMLTensor or an mlx.core.array, got {type(w).__name__}")
+    return _ext.quantized_matmul(x, w, -1 if ggml_type is None else int(GGMLType.of(ggml_type)), stream=stream)
+
+
+def mul_mat(a: Union[GGMLTensor, mx.array], b: mx.array, *, stream: Stream = None) -> mx.array:
+    """ggml's ``ggml_mul_mat(a, b)`` in MLX's axis order: ``b @ a^T`` as float32.
+
+    ``a``: a :class:`GGMLTensor` (any ggml type) or a float array of shape ``(A3, A2, M, K)`` (fewer leading
+    axes allowed); ``b``: float ``(B3, B2, N, K)``. Returns ``(B3, B2, N, M)`` (ggml's result ne = [M, N, B2,
+    B3]) with ggml's broadcasting: B2 % A2 == 0, B3 % A3 == 0, batch i2 of b uses a's batch i2 // (B2 // A2).
+    Differentiable in b; supports vmap and mx.compile.
+    """
+    _require_array("b", b)
+    if isinstance(a, GGMLTensor):
+        return _ext.mul_mat(a.data, int(a.ggml_type), list(a.shape), b, stream=stream)
+    if not isinstance(a, mx.array):
+        raise TypeError(f"a must be a GGMLTensor or an mlx.core.array, got {type(a).__name__}")
+    return _ext.mul_mat(a, -1, list(a.shape), b, stream=stream)
+
+
+__all__ = ["rms_norm", "rope", "dequantize", "quantize", "quantized_matmul", "mul_mat"]

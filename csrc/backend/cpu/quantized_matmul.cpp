@@ -14,8 +14,11 @@ void QuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& 
   enc.set_input_array(w);
   enc.set_output_array(out);
 
-  const int64_t B3 = x.shape(0), B2 = x.shape(1), A3 = w.shape(0), A2 = w.shape(1);
-  const int64_t M = x.shape(2), x_cols = x.shape(3), out_cols = out.shape(3);
+  // x: (B3, B2, M, Kx) against batched weights; against one matrix, any (..., Kx) whose leading axes are rows.
+  const bool batched = x.ndim() == 4;
+  const int64_t B3 = batched ? x.shape(0) : 1, B2 = batched ? x.shape(1) : 1;
+  const int64_t A3 = w.shape(0), A2 = w.shape(1);
+  const int64_t x_cols = x.shape(-1), out_cols = out.shape(-1), M = x.size() / (B3 * B2 * x_cols);
   const int64_t N = w.shape(2), row_bytes = w.shape(3);
   ggml_ext::cpu::MatmulArgs args{nullptr, float_type(x.dtype()), nullptr, type_, nullptr, float_type(out.dtype()),
                                  M, N, transpose_ ? out_cols : x_cols, transpose_};

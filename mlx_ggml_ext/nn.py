@@ -1,0 +1,96 @@
+"""mlx.nn layers over ggml weights: swap a model's Linear layers for GGUF tensors without requantizing."""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping, Optional, Union
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_unflatten
+
+from . import _ext
+from .types import GGMLTensor, GGMLType
+
+
+class GGMLLinear(nn.Module):
+    """``y = x @ W^T + bias`` with W kept as ggml blocks (any :class:`GGMLType`).
+
+    The weight's bytes are a frozen parameter (``weight``, uint8 ``(N, bytes_per_row)``), so
+    ``trainable_parameters()`` holds only the bias and gradients flow to x: a float adapter (e.g. LoRA)
+    can train on top of the quantized base.
+    """
+
+    def __init__(self, weight: GGMLTensor, bias: Optional[mx.array] = None):
+        super().__init__()
+        if not isinstance(weight, GGMLTensor):
+            raise TypeError(f"weight must be a GGMLTensor, got {type(weight).__name__}")
+        if len(weight.shape) != 2:
+            raise ValueError(f"weight must be 2-D (output_dims, input_dims), got shape {weight.shape}")
+        self.output_dims, self.input_dims = weight.shape
+        self.ggml_type = weight.ggml_type
+        self.weight = weight.data
+        if bias is not None:
+            if not isinstance(bias, mx.array):
+                raise TypeError(f"bias must be an mlx.core.array, got {type(bias).__name__}")
+            if tuple(bias.shape) != (self.output_dims,):
+                raise ValueError(f"bias must have shape ({self.output_dims},), got {tuple(bias.shape)}")
+            self.bias = bias
+        self.freeze(keys=["weight"])
+
+    def unfreeze(self, *args, **kwargs):
+        super().unfreeze(*args, **kwargs)
+        self.freeze(recurse=False, keys=["weight"])  # raw blocks have no gradient
+        return self
+
+    @property
+    def tensor(self) -> GGMLTensor:
+        return GGMLTensor(self.weight, self.ggml_type, (self.output_dims, self.input_dims))
+
+    def _extra_repr(self) -> str:
+        return (f"input_dims={self.input_dims}, output_dims={self.output_dims}, "
+                f"ggml_type={GGMLType(self.ggml_type).name}, bias={'bias' in self}")
+
+    def __call__(self, x: mx.array) -> mx.array:
+        y = _ext.quantized_matmul(x, self.weight, int(self.ggml_type))
+        return y + self["bias"] if "bias" in self else y
+
+
+NameMap = Union[Mapping[str, str], Callable[[str], Optional[str]]]
+
+
+def replace_linear_layers(model: nn.Module, tensors: Mapping[str, GGMLTensor], names: NameMap) -> list:
+    """Replaces each ``nn.Linear`` of ``model`` whose module path (``"layers.0.attn.q_proj"``) maps, through
+    ``names`` (a dict or a function returning None to skip), to a tensor in ``tensors`` by a
+    :class:`GGMLLinear` over that tensor, keeping the layer's bias. Shapes must agree ((out, in) =
+    the tensor's (N, K)). Returns the replaced paths."""
+    lookup = names.get if isinstance(names, Mapping) else names
+    replaced = []
+    for path, module in model.named_modules():
+        if not isinstance(module, (nn.Linear, GGMLLinear)) or not path:
+            continue
+        name = lookup(path)
+        if name is None:
+            continue
+        if name not in tensors:
+            raise KeyError(f"{path}: tensor {name!r} is not in the file")
+        tensor = tensors[name]
+        out_in = (module.weight.shape if isinstance(module, nn.Linear)
+                  else (module.output_dims, module.input_dims))
+        if tuple(out_in) != tuple(tensor.shape):
+            raise ValueError(f"{path}: the layer is (out, in) = {tuple(out_in)} but tensor {name!r} has shape "
+                             f"{tensor.shape}")
+        bias = module["bias"] if "bias" in module else None
+        replaced.append((path, GGMLLinear(tensor, bias)))
+    if replaced:
+        model.update_modules(tree_unflatten(replaced))
+    return [p for p, _ in replaced]
+
+
+def load_gguf_linears(model: nn.Module, path: str, names: NameMap) -> list:
+    """Maps a GGUF file (no tensor bytes copied) and replaces ``model``'s Linear layers by its tensors as
+    with :func:`replace_linear_layers`. Returns the replaced paths."""
+    from . import gguf
+    return replace_linear_layers(model, gguf.load(path).tensors, names)
+
+
+__all__ = ["GGMLLinear", "replace_linear_layers", "load_gguf_linears"]
