@@ -123,14 +123,17 @@ void Dequantize::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) 
 
 void QuantizedMatmul::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
   constexpr const char* op = "quantized_matmul";
-  const auto& x = inputs[0];  // (B3, B2, M, Kx), row-contiguous: the op inserted the copies
+  const auto& x = inputs[0];  // row-contiguous: the op inserted the copies
   const auto& w = inputs[1];  // (A3, A2, N, row_bytes)
   out.set_data(mx::allocator::malloc(out.nbytes()));
   if (out.size() == 0) return;
   check_block_alignment(w, type_, op);
-  const int64_t B3 = x.shape(0), B2 = x.shape(1), A3 = w.shape(0), A2 = w.shape(1);
-  const int64_t M = x.shape(2), N = w.shape(2);
-  const int64_t K = transpose_ ? out.shape(3) : x.shape(3);
+  // x: (B3, B2, M, Kx) against batched weights; against one matrix, any (..., Kx) whose leading axes are rows.
+  const bool batched = x.ndim() == 4;
+  const int64_t B3 = batched ? x.shape(0) : 1, B2 = batched ? x.shape(1) : 1;
+  const int64_t A3 = w.shape(0), A2 = w.shape(1), N = w.shape(2);
+  const int64_t M = out.size() / (B3 * B2 * out.shape(-1));  // from out: non-empty here, x may be (M, 0)
+  const int64_t K = transpose_ ? out.shape(-1) : x.shape(-1);
   const uint32_t out_type = out.dtype() == mx::float32   ? gm::kMatmulOutF32
                             : out.dtype() == mx::float16 ? gm::kMatmulOutF16
                                                          : gm::kMatmulOutBF16;
