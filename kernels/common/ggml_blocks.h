@@ -439,8 +439,9 @@ GGML_EXT_FN int ggml_ext_codebook_value(int codebook, int part) {
   return codebook == GGML_EXT_CODEBOOK_IQ4NL ? ggml_ext_iq4nl_value(part) : ggml_ext_mxfp4_value(part);
 }
 
-// Byte `offset` of a block, through a pointer of the block's own address space.
-#if defined(__METAL_VERSION__)
+// Byte `offset` of a block, through a pointer of the block's own address space (the project's Metal
+// emulator erases address spaces, so it takes the generic reader).
+#if defined(__METAL_VERSION__) && !defined(GGML_EXT_METAL_EMULATED)
 template <typename T>
 inline uint ggml_ext_block_byte(device const T* b, int offset) { return ((device const uchar*)b)[offset]; }
 template <typename T>

@@ -1,16 +1,157 @@
-// Metal: the primitives whose Metal kernel is not written yet say so.
+// Metal: eval_gpu of every primitive that has a Metal kernel (kernels/metal/*.metal), each through the
+// one dispatch helper, MetalKernel, with its launch plan from launch_plans.h (which the emulator tests
+// dispatch too). Not run on Apple hardware.
+#include <algorithm>
+#include <cctype>
+#include <cstdint>
+#include <limits>
+
+#include "csrc/backend/metal/metal_kernel.h"
 #include "csrc/dequantize.h"
+#include "csrc/ggml_types.h"
 #include "csrc/quantize.h"
 #include "csrc/quantized_matmul.h"
 #include "csrc/rms_norm.h"
 #include "csrc/rope.h"
+#include "kernels/common/ggml_blocks.h"
 
 namespace mlx_ggml_ext {
+namespace {
 
-MLX_GGML_EXT_NO_GPU_KERNEL(RMSNorm)
-MLX_GGML_EXT_NO_GPU_KERNEL(RoPE)
-MLX_GGML_EXT_NO_GPU_KERNEL(Dequantize)
+namespace gm = ggml_ext_metal;
+
+// The kernels index with 32-bit counts (and 64-bit offsets): a clear error rather than a wrap.
+uint32_t checked_u32(int64_t v, const char* op, const char* what) {
+  if (v < 0 || v > std::numeric_limits<uint32_t>::max()) {
+    throw std::invalid_argument(cat("[", op, "] ", what, " = ", v, " is too large for the Metal kernels."));
+  }
+  return static_cast<uint32_t>(v);
+}
+
+// The type's name as the kernels spell it: "q4_k", "f32".
+std::string kernel_type_name(int type, const char* op) {
+  std::string name = ggml_type_info(type, op).name;
+  std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
+  return name;
+}
+
+// Blocks are read through their uint16 fields (float weights as whole elements): the data must be aligned
+// for them. MLX's buffers are; a view at an odd byte offset into one would not be.
+void check_block_alignment(const mx::array& a, int type, const char* op) {
+  const size_t align = type == GGML_EXT_TYPE_F32 ? 4 : type == GGML_EXT_TYPE_MXFP4 ? 1 : 2;
+  if (reinterpret_cast<uintptr_t>(a.data<uint8_t>()) % align != 0) {
+    throw std::invalid_argument(cat("[", op, "] the ", ggml_type_info(type, op).name, " data starts at an offset ",
+                                    "not aligned to ", align, " bytes; the Metal kernels need it (copy it first)."));
+  }
+}
+
+}  // namespace
+
+void RMSNorm::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  constexpr const char* op = "rms_norm";
+  const auto& x = inputs[0];  // row-contiguous: the op inserted the copies
+  allocate_like_or_donate(x, out);
+  if (out.size() == 0) return;
+  const bool weighted = inputs.size() > 1;
+  const int64_t dim = x.shape(-1), rows = x.size() / dim;
+  const int64_t groups = weighted ? inputs[1].size() / dim : 1;
+  const gm::RmsNormArgs args{checked_u32(dim, op, "row length"), checked_u32(rows / groups, op, "rows"),
+                             weighted ? 1u : 0u, eps_};
+  const auto plan = gm::plan_rms_norm(metal_dtype_suffix(out.dtype()), checked_u32(rows, op, "rows"), args);
+  MetalKernel(stream(), plan.kernel)
+      .input(x, 0)
+      .input(weighted ? inputs[1] : x, 1)  // never read without a weight; any buffer will do
+      .output(out, 2)
+      .bytes(plan.args, 3)
+      .dispatch(plan.grid);
+}
+
+void RoPE::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  constexpr const char* op = "rope";
+  const auto& x = inputs[0];  // every input row-contiguous: the op inserted the copies
+  const auto& positions = inputs[1];
+  const bool has_factors = inputs.size() > 2;
+  output_shapes(inputs);  // throws on inputs that do not fit (never divide by zero below)
+  allocate_like_or_donate(x, out);
+  if (out.size() == 0) return;
+  const int64_t dim = x.shape(-1), heads = x.shape(-2), tokens = x.shape(-3);
+  const int64_t batches = x.size() / (tokens * heads * dim);
+  const int64_t positions_rows = positions.size() / tokens;
+  const int64_t factors_rows = has_factors ? inputs[2].size() / (params_.n_dims / 2) : 1;
+  if (params_.n_dims * sizeof(float) > 32768) {
+    throw std::invalid_argument(cat("[", op, "] n_dims = ", params_.n_dims, " exceeds the Metal kernel's table."));
+  }
+  const auto angles = rope_angles(params_, inverse_);
+  const auto ramp = rope_ramp(params_);
+  const gm::RopeArgs args{checked_u32(tokens, op, "tokens"),
+                          checked_u32(heads, op, "heads"),
+                          checked_u32(dim, op, "head dim"),
+                          static_cast<uint32_t>(params_.n_dims),
+                          checked_u32(batches / positions_rows, op, "batches"),
+                          checked_u32(batches / factors_rows, op, "batches"),
+                          params_.mode == RopeMode::neox ? 1u : 0u,
+                          has_factors ? 1u : 0u,
+                          ramp.empty() ? 0u : 1u,
+                          angles.theta_scale,
+                          angles.freq_scale,
+                          angles.mscale,
+                          angles.sin_sign};
+  const auto plan = gm::plan_rope(metal_dtype_suffix(out.dtype()), checked_u32(batches, op, "batches"), args);
+  MetalKernel kernel(stream(), plan.kernel);
+  kernel.input(x, 0).output(out, 1).input(positions, 2).input(has_factors ? inputs[2] : x, 3);
+  if (ramp.empty()) {
+    kernel.input(x, 4);  // never read without YaRN
+  } else {
+    kernel.temporary_input(mx::array(ramp.begin(), {static_cast<int>(ramp.size())}, mx::float32), 4);
+  }
+  kernel.bytes(plan.args, 5).dispatch(plan.grid);
+}
+
+void Dequantize::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  constexpr const char* op = "dequantize";
+  const auto& blocks = inputs[0];  // row-contiguous: the op inserted the copy
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  if (out.size() == 0) return;
+  check_block_alignment(blocks, type_, op);
+  const auto info = ggml_type_info(type_, op);
+  const int64_t n_blocks = blocks.nbytes() / info.type_size;
+  checked_u32(info.block_size > 1 ? n_blocks * (info.block_size / 16) : n_blocks, op, "elements / 16");
+  const auto plan = gm::plan_dequantize(kernel_type_name(type_, op), info.block_size, metal_dtype_suffix(out.dtype()),
+                                        n_blocks);
+  MetalKernel(stream(), plan.kernel).input(blocks, 0).output(out, 1).bytes(plan.args, 2).dispatch(plan.grid);
+}
+
+void QuantizedMatmul::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  constexpr const char* op = "quantized_matmul";
+  const auto& x = inputs[0];  // row-contiguous: the op inserted the copies
+  const auto& w = inputs[1];  // (A3, A2, N, row_bytes)
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  if (out.size() == 0) return;
+  check_block_alignment(w, type_, op);
+  // x: (B3, B2, M, Kx) against batched weights; against one matrix, any (..., Kx) whose leading axes are rows.
+  const bool batched = x.ndim() == 4;
+  const int64_t B3 = batched ? x.shape(0) : 1, B2 = batched ? x.shape(1) : 1;
+  const int64_t A3 = w.shape(0), A2 = w.shape(1), N = w.shape(2);
+  const int64_t M = out.size() / (B3 * B2 * out.shape(-1));  // from out: non-empty here, x may be (M, 0)
+  const int64_t K = transpose_ ? out.shape(-1) : x.shape(-1);
+  const uint32_t out_type = out.dtype() == mx::float32   ? gm::kMatmulOutF32
+                            : out.dtype() == mx::float16 ? gm::kMatmulOutF16
+                                                         : gm::kMatmulOutBF16;
+  const gm::MatmulArgs args{checked_u32(M, op, "M"),
+                            checked_u32(N, op, "N"),
+                            checked_u32(K, op, "K"),
+                            checked_u32(w.shape(3), op, "row bytes"),
+                            checked_u32(B2, op, "B2"),
+                            checked_u32(A2, op, "A2"),
+                            static_cast<uint32_t>(B2 / A2),
+                            static_cast<uint32_t>(B3 / A3),
+                            out_type};
+  const auto plan = gm::plan_matmul(kernel_type_name(type_, op), metal_dtype_suffix(x.dtype()), transpose_,
+                                    checked_u32(B3 * B2, op, "batches"), args);
+  MetalKernel(stream(), plan.kernel).input(x, 0).input(w, 1).output(out, 2).bytes(plan.args, 3).dispatch(plan.grid);
+}
+
+// quantize has no Metal kernel yet (the K-quant search is a CPU design): a clear error.
 MLX_GGML_EXT_NO_GPU_KERNEL(Quantize)
-MLX_GGML_EXT_NO_GPU_KERNEL(QuantizedMatmul)
 
 }  // namespace mlx_ggml_ext

@@ -1,0 +1,67 @@
+// Launch plans of the Metal kernels (kernels/metal): from the shapes, the kernel's host name, its argument
+// block, the grid and the threadgroup memory. Host C++ only (no MLX, no Metal): csrc/backend/metal builds
+// its dispatches from these, and the emulator tests (tests/metal_emu/plan.cpp) dispatch the same plans, so
+// what is tested is what eval_gpu encodes, argument bytes included.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "kernels/metal/params.h"
+
+namespace ggml_ext_metal {
+
+struct Grid {
+  uint32_t groups[3];          // threadgroups per grid
+  uint32_t threads;            // threads per threadgroup (1-D)
+  uint32_t threadgroup_bytes;  // [[threadgroup(0)]], a multiple of 16; 0: none
+};
+
+template <typename Args>
+struct Plan {
+  std::string kernel;
+  Args args;
+  Grid grid;
+};
+
+inline uint32_t ceil_div_u32(uint64_t n, uint64_t d) { return static_cast<uint32_t>((n + d - 1) / d); }
+inline uint32_t round_up_16(uint64_t bytes) { return static_cast<uint32_t>((bytes + 15) / 16 * 16); }
+
+// dtype suffixes: "f32", "f16", "bf16"; type names as the kernels spell them: "q4_k", "f32".
+
+// One threadgroup per row, one simdgroup per 128 elements of it (1 to 8); a partial sum per simdgroup.
+inline Plan<RmsNormArgs> plan_rms_norm(const std::string& dtype, uint32_t rows, const RmsNormArgs& args) {
+  const uint32_t threads = std::clamp<uint32_t>(ceil_div_u32(args.dim, 128) * 32, 32, 256);
+  return {"rms_norm_" + dtype, args, {{rows, 1, 1}, threads, 32 * sizeof(float)}};
+}
+
+// One threadgroup per (token, batch), holding the cos and sin of the token's n_dims/2 pairs.
+inline Plan<RopeArgs> plan_rope(const std::string& dtype, uint32_t batches, const RopeArgs& args) {
+  const uint32_t pairs = args.n_dims / 2;
+  const uint32_t threads = std::clamp<uint32_t>(ceil_div_u32(uint64_t(args.heads) * pairs, 32) * 32, 32, 256);
+  return {"rope_" + dtype, args, {{args.tokens, batches, 1}, threads, round_up_16(2 * pairs * sizeof(float))}};
+}
+
+// Quantized types: a thread per run of 16 elements; float types (block_size 1): a thread per element.
+inline Plan<DequantizeArgs> plan_dequantize(const std::string& type_name, uint32_t block_size, const std::string& dtype,
+                                            uint64_t n_blocks) {
+  const uint64_t units = block_size > 1 ? n_blocks * (block_size / 16) : n_blocks;
+  DequantizeArgs args{static_cast<uint32_t>(units)};
+  return {"dequantize_" + type_name + "_" + dtype, args, {{ceil_div_u32(units, 256), 1, 1}, 256, 0}};
+}
+
+// Up to kDecodeMaxRows rows of x: qmv (8 weight rows and 4 x rows per threadgroup of 4 simdgroups);
+// otherwise 32 x 32 output tiles (qmm, qmm_t for the transposed product), x and weight tiles staged.
+constexpr uint32_t kDecodeMaxRows = 8;
+inline Plan<MatmulArgs> plan_matmul(const std::string& type_name, const std::string& x_dtype, bool transposed,
+                                    uint32_t batches, const MatmulArgs& args) {
+  const std::string suffix = type_name + "_" + x_dtype;
+  if (!transposed && args.M <= kDecodeMaxRows) {
+    return {"qmv_" + suffix, args, {{ceil_div_u32(args.N, 8), ceil_div_u32(args.M, 4), batches}, 128, 0}};
+  }
+  const uint32_t out_cols = transposed ? args.K : args.N;
+  return {(transposed ? "qmm_t_" : "qmm_") + suffix, args,
+          {{ceil_div_u32(out_cols, 32), ceil_div_u32(args.M, 32), batches}, 128, 2 * 32 * 32 * sizeof(float)}};
+}
+
+}  // namespace ggml_ext_metal

@@ -1,0 +1,46 @@
+// The argument blocks of the Metal kernels, shared by the kernels (MSL) and their host glue
+// (csrc/backend/metal, C++): 32-bit fields only, so both sides lay them out alike. Passed with set_bytes
+// as `constant ...& [[buffer(i)]]`.
+#pragma once
+#if !defined(__METAL_VERSION__)
+#include <cstdint>
+#endif
+
+namespace ggml_ext_metal {
+
+// rows of `dim` elements; row r uses weight row r / rows_per_weight when `weighted`.
+struct RmsNormArgs {
+  uint32_t dim;
+  uint32_t rows_per_weight;
+  uint32_t weighted;
+  float eps;
+};
+
+// x (batches, tokens, heads, dim); the angle constants as in kernels/cpu/rope.h (RopeAngles), computed on
+// the host for every backend; ramp: the YaRN mix per pair when has_ramp.
+struct RopeArgs {
+  uint32_t tokens, heads, dim, n_dims;
+  uint32_t batches_per_positions_row;
+  uint32_t batches_per_factors_row;
+  uint32_t neox, has_factors, has_ramp;
+  float theta_scale, freq_scale, mscale, sin_sign;
+};
+
+// `units` runs of 16 output elements (quantized types) or single elements (float types).
+struct DequantizeArgs {
+  uint32_t units;
+};
+
+// The QuantizedMatmul primitive (csrc/quantized_matmul.h): x (B3, B2, M, Kx), w (A3, A2, N, row_bytes) of
+// K elements per row. Forward: out (B3, B2, M, N) = x W^T (Kx = K); transposed: out (B3, B2, M, K) = x W
+// (Kx = N). Batch z = b3 * B2 + b2 of x uses w's batch (b3 / r3) * A2 + b2 / r2. out_type: the output's
+// dtype (kMatmulOutF32/F16/BF16), chosen at run time since only the final stores depend on it.
+enum { kMatmulOutF32 = 0, kMatmulOutF16 = 1, kMatmulOutBF16 = 2 };
+struct MatmulArgs {
+  uint32_t M, N, K;
+  uint32_t row_bytes;
+  uint32_t B2, A2, r2, r3;
+  uint32_t out_type;
+};
+
+}  // namespace ggml_ext_metal

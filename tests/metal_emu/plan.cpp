@@ -1,0 +1,67 @@
+// Prints the launch plan csrc/backend/metal would encode (csrc/backend/metal/launch_plans.h) for an op and
+// its shapes, as JSON: kernel, grid, threadgroup memory and the argument block's bytes (hex). The emulator
+// tests dispatch exactly that. Usage: metal_plan op=rope dtype=f32 tokens=3 ... (key=value, see below).
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <stdexcept>
+#include <string>
+
+#include "csrc/backend/metal/launch_plans.h"
+
+namespace {
+
+using namespace ggml_ext_metal;
+using Fields = std::map<std::string, std::string>;
+
+const std::string& field(const Fields& f, const char* key) {
+  auto it = f.find(key);
+  if (it == f.end()) throw std::invalid_argument(std::string("missing ") + key);
+  return it->second;
+}
+uint32_t u32(const Fields& f, const char* key) { return static_cast<uint32_t>(std::stoul(field(f, key))); }
+float f32(const Fields& f, const char* key) { return std::strtof(field(f, key).c_str(), nullptr); }
+
+template <typename Args>
+void print(const Plan<Args>& p) {
+  std::printf("{\"kernel\": \"%s\", \"groups\": [%u, %u, %u], \"threads\": %u, \"threadgroup_bytes\": %u, \"args\": \"",
+              p.kernel.c_str(), p.grid.groups[0], p.grid.groups[1], p.grid.groups[2], p.grid.threads,
+              p.grid.threadgroup_bytes);
+  unsigned char bytes[sizeof(Args)];
+  std::memcpy(bytes, &p.args, sizeof bytes);
+  for (unsigned char b : bytes) std::printf("%02x", b);
+  std::printf("\"}\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Fields f;
+  for (int i = 1; i < argc; ++i) {
+    const char* eq = std::strchr(argv[i], '=');
+    if (!eq) return 2;
+    f[std::string(argv[i], static_cast<size_t>(eq - argv[i]))] = eq + 1;
+  }
+  const std::string& op = field(f, "op");
+  if (op == "rms_norm") {
+    print(plan_rms_norm(field(f, "dtype"), u32(f, "rows"),
+                        RmsNormArgs{u32(f, "dim"), u32(f, "rows_per_weight"), u32(f, "weighted"), f32(f, "eps")}));
+  } else if (op == "rope") {
+    print(plan_rope(field(f, "dtype"), u32(f, "batches"),
+                    RopeArgs{u32(f, "tokens"), u32(f, "heads"), u32(f, "dim"), u32(f, "n_dims"),
+                             u32(f, "batches_per_positions_row"), u32(f, "batches_per_factors_row"), u32(f, "neox"),
+                             u32(f, "has_factors"), u32(f, "has_ramp"), f32(f, "theta_scale"), f32(f, "freq_scale"),
+                             f32(f, "mscale"), f32(f, "sin_sign")}));
+  } else if (op == "dequantize") {
+    print(plan_dequantize(field(f, "type"), u32(f, "block_size"), field(f, "dtype"),
+                          std::stoull(field(f, "n_blocks"))));
+  } else if (op == "matmul") {
+    print(plan_matmul(field(f, "type"), field(f, "x_dtype"), u32(f, "transposed") != 0, u32(f, "batches"),
+                      MatmulArgs{u32(f, "M"), u32(f, "N"), u32(f, "K"), u32(f, "row_bytes"), u32(f, "B2"),
+                                 u32(f, "A2"), u32(f, "r2"), u32(f, "r3"), u32(f, "out_type")}));
+  } else {
+    return 2;
+  }
+  return 0;
+}

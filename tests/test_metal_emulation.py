@@ -1,0 +1,386 @@
+"""The Metal kernels (kernels/metal/*.metal), verified without Apple hardware.
+
+1. The Metal-language check: every .metal file compiles as C++ against the project's Metal shim
+   (tests/metal_emu/metal_stdlib) with warnings as errors.
+2. The emulator: the kernels run on the CPU with Metal's execution model (tests/metal_emu/runtime.cpp:
+   concurrent lanes per threadgroup, real barriers and simdgroup collectives, guarded buffers, shuffled
+   lane order), dispatched with the grid and arguments csrc/backend/metal uses, and compared with
+   independent references (gguf, float64 numpy) under the tolerances of the other backends.
+
+Needs only g++. Nothing here ran on a Mac: Apple's compiler and GPU may still disagree (see README).
+"""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from harness import TOLERANCES
+from metal_emu import emulator as emu
+from metal_emu.emulator import DTYPES
+
+pytestmark = [
+    pytest.mark.skipif(emu.CXX is None, reason="the Metal emulator needs g++"),
+    pytest.mark.skipif(not sys.platform.startswith("linux"),
+                       reason="the Metal emulator is for Linux CI (ucontext fibers, guard pages); on a Mac run "
+                              "the kernels themselves: MLX_GGML_EXT_DEVICE=gpu pytest -q tests"),
+]
+
+# The other backends' tolerances (tests/harness.py), relative to the largest reference magnitude.
+MX_DTYPES = {"f32": mx.float32, "f16": mx.float16, "bf16": mx.bfloat16}
+TOL = {op: {name: TOLERANCES[op][d] for name, d in MX_DTYPES.items()} for op in ("rms_norm", "rope")}
+
+
+@pytest.fixture(scope="session")
+def metal(tmp_path_factory):
+    return emu.build(tmp_path_factory.mktemp("metal_emu"))
+
+
+def assert_close(got, expected, tol, what=""):
+    scale = max(float(np.max(np.abs(expected))), 1e-30)
+    err = float(np.max(np.abs(got.astype(np.float64) - expected))) if expected.size else 0.0
+    assert err <= tol * scale, f"{what}: max error {err:.3e} > {tol:.1e} * {scale:.3e}"
+
+
+# ---------------------------------------------------------------------------------------------------
+# 1. Metal-language check
+# ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("metal_file", emu.metal_sources(), ids=lambda p: p.name)
+def test_metal_source_compiles(metal_file, tmp_path):
+    result = emu.compile_check(metal_file, tmp_path)
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("source", sorted(emu.METAL_DIR.glob("*")), ids=lambda p: p.name)
+def test_metal_source_follows_msl_rules(source):
+    """What the shim's erased address spaces hide from g++: every pointer and reference names its address
+    space; no double, standard library, exceptions or `kernel` keyword."""
+    assert emu.msl_rule_violations(source) == []
+
+
+def test_msl_rules_check_finds_violations(tmp_path):
+    bad = tmp_path / "bad.metal"
+    bad.write_text("inline float f(float* p) { return *(const float*)p; }\ninline double g() { return 0; }\n")
+    assert len(emu.msl_rule_violations(bad)) == 3
+
+
+def test_compile_check_rejects_a_type_error(tmp_path):
+    """The check can fail: a kernel storing a pointer into a float is an error."""
+    bad = tmp_path / "bad.metal"
+    bad.write_text('#include "kernels/metal/common.h"\n'
+                   "[[kernel]] void bad(device float* y [[buffer(0)]], uint i [[thread_position_in_grid]]) {\n"
+                   "  y[i] = y;\n}\n")
+    assert emu.compile_check(bad, tmp_path).returncode != 0
+
+
+def test_metal_glue_compiles_against_mlx_metal_headers(tmp_path):
+    """csrc/backend/metal/*.cpp (eval_gpu) against the installed MLX's own Metal headers, with
+    tests/metal_glue standing in for Apple's metal-cpp: MLX's encoder API as the glue calls it."""
+    import importlib.util
+
+    mlx_include = Path(importlib.util.find_spec("mlx").submodule_search_locations[0]) / "include"
+    if not (mlx_include / "mlx/backend/metal/device.h").exists():
+        pytest.skip("this MLX wheel ships no Metal headers")
+    for source in sorted((emu.ROOT / "csrc/backend/metal").glob("*.cpp")):
+        cmd = [emu.CXX, "-std=c++20", "-fsyntax-only", "-Wall", "-Wextra", "-Werror", f"-isystem{mlx_include}",
+               f"-isystem{emu.ROOT / 'tests/metal_glue'}", f"-I{emu.ROOT}", str(source)]
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        assert result.returncode == 0, f"{source.name}:\n{result.stderr[-4000:]}"
+
+
+def test_every_kernel_the_glue_asks_for_exists(metal):
+    """The host names csrc/backend/metal/primitives.cpp builds, for every type and dtype."""
+    wanted = set()
+    for sfx in DTYPES:
+        wanted |= {f"rms_norm_{sfx}", f"rope_{sfx}"}
+        for t in QUANT_TYPES + FLOAT_TYPES:
+            wanted |= {f"{k}_{t.lower()}_{sfx}" for k in ("dequantize", "qmv", "qmm", "qmm_t")}
+    assert wanted <= metal.kernels, sorted(wanted - metal.kernels)
+
+
+# ---------------------------------------------------------------------------------------------------
+# 2. The emulator finds what it must find (tests/metal_emu/selftest.metal)
+# ---------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def selftest(tmp_path_factory):
+    return emu.build(tmp_path_factory.mktemp("metal_emu_selftest"), [emu.HERE / "selftest.metal"])
+
+
+def test_emulator_exposes_a_missing_barrier(selftest):
+    x = np.arange(128, dtype=np.float32)
+    expected = x.reshape(2, 64)[:, ::-1].reshape(-1)
+
+    def run(with_barrier, seed):
+        out = selftest.dispatch("reverse_through_threadgroup", (2,), (64,), threadgroup={0: 256}, seed=seed,
+                                buffers={0: x, 1: np.zeros(128, np.float32), 2: np.uint32(with_barrier)})
+        return out[1].view(np.float32)
+
+    assert all(np.array_equal(run(1, seed), expected) for seed in range(3))
+    assert not np.array_equal(run(0, 0), expected)
+
+
+def test_emulator_reports_out_of_bounds_and_early_return(selftest):
+    x = np.ones(64, np.float32)
+    args = {0: x, 1: np.zeros(64, np.float32)}
+    selftest.dispatch("copy_with_overrun", (2,), (32,), buffers={**args, 2: np.uint32(0)})
+    message = selftest.dispatch("copy_with_overrun", (2,), (32,), buffers={**args, 2: np.uint32(1)},
+                                expect_failure=True)
+    assert "out-of-bounds access to buffer(0) (size 256) at byte offset 256" in message
+    message = selftest.dispatch("return_before_barrier", (1,), (8,), buffers={0: np.zeros(8, np.float32)},
+                                expect_failure=True)
+    assert "returned before" in message
+
+
+def test_emulator_simd_collectives(selftest):
+    x = np.random.default_rng(0).standard_normal(96).astype(np.float32)
+    out = selftest.dispatch("simd_collectives", (1,), (96,), buffers={0: x, 1: np.zeros(480, np.float32)})
+    y = out[1].view(np.float32).reshape(3, 32, 5)
+    lane = np.arange(32)
+    for g, v in enumerate(x.reshape(3, 32)):
+        np.testing.assert_allclose(y[g, :, 0], np.sum(v.astype(np.float64)), rtol=1e-6)
+        assert np.all(y[g, :, 1] == v.max())
+        assert np.array_equal(y[g, :, 2], v[lane ^ 1])
+        assert np.array_equal(y[g, :, 3], v[np.where(lane + 3 < 32, lane + 3, lane)])
+        assert np.all(y[g, :, 4] == v[5])
+
+
+# ---------------------------------------------------------------------------------------------------
+# rms_norm
+# ---------------------------------------------------------------------------------------------------
+def rms_norm_reference(x, w, eps):
+    x = x.astype(np.float64)
+    y = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
+    return y if w is None else y * w.astype(np.float64)
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("dim,rows,weighted", [(1, 3, True), (33, 4, False), (200, 3, True), (1100, 2, True)])
+def test_rms_norm(metal, dtype, dim, rows, weighted):
+    check_rms_norm(metal, dtype, dim, rows, weighted)
+
+
+def test_rms_norm_in_place(metal):
+    """eval_gpu donates x's buffer to the output when MLX allows: y aliases x."""
+    check_rms_norm(metal, "f32", 1100, 3, True, in_place=True)
+
+
+def check_rms_norm(metal, dtype, dim, rows, weighted, in_place=False):
+    storage, to_storage, to_f32 = DTYPES[dtype]
+    rng = np.random.default_rng(dim)
+    x = to_storage(rng.standard_normal((rows, dim)) * 3)
+    w = to_storage(rng.standard_normal(dim))
+    eps = 1e-5
+    plan = metal.plan("rms_norm", dtype=dtype, rows=rows, dim=dim, rows_per_weight=rows, weighted=int(weighted),
+                      eps=eps)
+    buffers = {0: x, 1: w if weighted else x}
+    if not in_place:
+        buffers[2] = np.full(x.shape, 0xFF, storage)
+    out = metal.dispatch_plan(plan, buffers, args_index=3, seed=dim, aliases={2: 0} if in_place else None)
+    got = to_f32(out[0 if in_place else 2]).reshape(rows, dim)
+    expected = rms_norm_reference(to_f32(x), to_f32(w) if weighted else None, eps)
+    assert_close(got, expected, TOL["rms_norm"][dtype], f"rms_norm {dtype}")
+
+
+# ---------------------------------------------------------------------------------------------------
+# dequantize
+# ---------------------------------------------------------------------------------------------------
+QUANT_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL",
+               "IQ4_XS", "MXFP4"]
+FLOAT_TYPES = ["F32", "F16", "BF16"]
+
+
+def same_bits_or_both_nan(got: np.ndarray, expected: np.ndarray) -> bool:
+    nan = np.isnan(expected)
+    return bool(np.array_equal(np.isnan(got), nan) and np.array_equal(got[~nan], expected[~nan])
+                and np.array_equal(np.signbit(got[~nan]), np.signbit(expected[~nan])))
+
+
+def rounded_to(expected_f32: np.ndarray, dtype: str) -> np.ndarray:
+    _, to_storage, to_f32 = DTYPES[dtype]
+    return to_f32(to_storage(expected_f32))
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("type_name", QUANT_TYPES + FLOAT_TYPES)
+def test_dequantize_every_byte_pattern(metal, type_name, dtype):
+    """Random bytes (NaN/inf/subnormal scales included) decode to gguf's float32 bits, rounded once for
+    float16/bfloat16."""
+    import gguf
+
+    qtype = gguf.GGMLQuantizationType[type_name]
+    block_size, type_size = gguf.GGML_QUANT_SIZES[qtype]
+    n_blocks = 7 if block_size > 1 else 300
+    rng = np.random.default_rng(int(qtype) * 3 + len(dtype))
+    data = rng.integers(0, 256, (n_blocks, type_size), dtype=np.uint8)
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN/inf scales are part of the test
+        expected = gguf.quants.dequantize(data, qtype).astype(np.float32).reshape(-1)
+    plan = metal.plan("dequantize", type=type_name.lower(), block_size=block_size, dtype=dtype, n_blocks=n_blocks)
+    out = metal.dispatch_plan(plan, {0: data, 1: np.full(expected.size, 0xFF, DTYPES[dtype][0])}, args_index=2,
+                              seed=int(qtype))
+    got = DTYPES[dtype][2](out[1])
+    assert same_bits_or_both_nan(got, rounded_to(expected, dtype)), type_name
+
+
+# ---------------------------------------------------------------------------------------------------
+# rope
+# ---------------------------------------------------------------------------------------------------
+def rope_host_constants(n_dims, freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow, n_ctx_orig,
+                        inverse):
+    """What csrc/rope.cpp's rope_angles/rope_ramp give the kernels: theta_scale, mscale, sin_sign, and the
+    YaRN mix per pair (None without YaRN), in float32 as the SPEC states them."""
+    f32 = np.float32
+    theta_scale = f32(np.float64(f32(freq_base)) ** np.float64(f32(-2.0) / f32(n_dims)))
+    mscale, ramp = f32(attn_factor), None
+    if ext_factor != 0.0:
+        def corr_dim(beta):
+            return (f32(n_dims) * np.log(f32(n_ctx_orig) / (f32(beta) * f32(2.0) * f32(np.pi)))
+                    / (f32(2.0) * np.log(f32(freq_base))))
+        low = max(f32(0.0), np.floor(corr_dim(beta_fast)))
+        high = min(f32(n_dims - 1), np.ceil(corr_dim(beta_slow)))
+        y = (np.arange(n_dims // 2, dtype=f32) - f32(low)) / max(f32(0.001), f32(high - low))
+        ramp = ((f32(1.0) - np.clip(y, f32(0.0), f32(1.0))) * f32(ext_factor)).astype(f32)
+        mscale = f32(mscale * (f32(1.0) + f32(0.1) * np.log(f32(1.0) / f32(freq_scale))))
+    return theta_scale, mscale, f32(-1.0 if inverse else 1.0), ramp
+
+
+ROPE_CASES = {
+    "normal": dict(shape=(2, 3, 2, 16), n_dims=16, mode="normal"),
+    "neox-partial": dict(shape=(1, 4, 3, 20), n_dims=12, mode="neox"),
+    "yarn-factors-long": dict(shape=(2, 2, 2, 32), n_dims=32, mode="neox", freq_scale=0.25, ext_factor=1.0,
+                              n_ctx_orig=4096, factors=True, max_position=100000),
+    "inverse-per-batch-positions": dict(shape=(3, 2, 2, 8), n_dims=8, mode="normal", inverse=True,
+                                        positions_per_batch=True),
+}
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("case", list(ROPE_CASES))
+def test_rope(metal, case, dtype):
+    check_rope(metal, case, dtype)
+
+
+def test_rope_in_place(metal):
+    """eval_gpu donates x's buffer to the output when MLX allows: y aliases x."""
+    check_rope(metal, "neox-partial", "f16", in_place=True)
+
+
+def check_rope(metal, case, dtype, in_place=False):
+    import mlx_ggml_ext.reference as reference
+
+    c = ROPE_CASES[case]
+    batches, tokens, heads, dim = c["shape"]
+    n_dims, neox = c["n_dims"], c["mode"] == "neox"
+    params = dict(freq_base=10000.0, freq_scale=c.get("freq_scale", 1.0), ext_factor=c.get("ext_factor", 0.0),
+                  attn_factor=1.0, beta_fast=32.0, beta_slow=1.0, n_ctx_orig=c.get("n_ctx_orig", 0))
+    storage, to_storage, to_f32 = DTYPES[dtype]
+    rng = np.random.default_rng(len(case))
+    x = to_storage(rng.standard_normal(c["shape"]))
+    position_rows = batches if c.get("positions_per_batch") else 1
+    positions = rng.integers(0, c.get("max_position", 64), (position_rows, tokens)).astype(np.int32)
+    factors = rng.uniform(1.0, 4.0, n_dims // 2).astype(np.float32) if c.get("factors") else None
+    theta_scale, mscale, sin_sign, ramp = rope_host_constants(n_dims, inverse=c.get("inverse", False), **params)
+    plan = metal.plan("rope", dtype=dtype, batches=batches, tokens=tokens, heads=heads, dim=dim, n_dims=n_dims,
+                      batches_per_positions_row=batches // position_rows, batches_per_factors_row=batches,
+                      neox=int(neox), has_factors=int(factors is not None), has_ramp=int(ramp is not None),
+                      theta_scale=float(theta_scale), freq_scale=float(params["freq_scale"]), mscale=float(mscale),
+                      sin_sign=float(sin_sign))
+    buffers = {0: x, 2: positions, 3: factors if factors is not None else x,  # as csrc/backend/metal binds
+               4: ramp if ramp is not None else x}
+    if not in_place:
+        buffers[1] = np.full(x.shape, 0xFF, storage)
+    out = metal.dispatch_plan(plan, buffers, args_index=5, seed=len(case), aliases={1: 0} if in_place else None)
+    got = to_f32(out[0 if in_place else 1]).reshape(x.shape)
+    xf = to_f32(x).reshape(x.shape)
+    for b in range(batches):
+        expected = reference.rope(xf[b], positions[b // (batches // position_rows)], n_dims, c["mode"],
+                                  freq_factors=factors, inverse=c.get("inverse", False), **params)
+        assert_close(got[b], expected, TOL["rope"][dtype], f"rope {case} {dtype} batch {b}")
+
+
+# ---------------------------------------------------------------------------------------------------
+# quantized_matmul (the QuantizedMatmul primitive: forward decode, forward prefill, transposed)
+# ---------------------------------------------------------------------------------------------------
+# Byte offsets of the float16 scale fields per type (SPEC block table), set to sane values in random blocks
+# so the products are finite; MXFP4's E8M0 exponent is byte 0.
+SCALE_FIELDS = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0], "Q2_K": [80, 82],
+                "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "IQ4_NL": [0], "IQ4_XS": [0]}
+OUT_TYPES = {"f32": 0, "f16": 1, "bf16": 2}
+
+
+def random_weight(rng, type_name, n, k):
+    """(N, row_bytes) uint8 weight rows of `type_name` with finite values, and their float64 values (gguf)."""
+    import gguf
+
+    if type_name in FLOAT_TYPES:
+        dtype = {"F32": "f32", "F16": "f16", "BF16": "bf16"}[type_name]
+        stored = DTYPES[dtype][1](rng.standard_normal((n, k)))
+        return stored.view(np.uint8).reshape(n, -1), DTYPES[dtype][2](stored).astype(np.float64)
+    qtype = gguf.GGMLQuantizationType[type_name]
+    block_size, type_size = gguf.GGML_QUANT_SIZES[qtype]
+    blocks = rng.integers(0, 256, (n, k // block_size, type_size), dtype=np.uint8)
+    if type_name == "MXFP4":
+        blocks[:, :, 0] = rng.integers(120, 130, blocks.shape[:2])
+    for offset in SCALE_FIELDS.get(type_name, []):
+        scales = rng.uniform(0.002, 0.05, blocks.shape[:2]).astype(np.float16)
+        blocks[:, :, offset:offset + 2] = scales.view(np.uint8).reshape(*blocks.shape[:2], 2)
+    w = blocks.reshape(n, -1)
+    return w, gguf.quants.dequantize(w, qtype).astype(np.float64).reshape(n, k)
+
+
+def run_matmul(metal, kernel, type_name, x_dtype, out_dtype, M, N, K, B2=2, A2=1, transposed=False, seed=0):
+    """Dispatches csrc/backend/metal's plan for the product, checks that it picked `kernel`, and returns
+    (got, expected) in float64."""
+    rng = np.random.default_rng(seed)
+    w, w64 = random_weight(rng, type_name, A2 * N, K)
+    kx = N if transposed else K
+    x = DTYPES[x_dtype][1](rng.standard_normal((B2, M, kx)))
+    out_cols = K if transposed else N
+    plan = metal.plan("matmul", type=type_name.lower(), x_dtype=x_dtype, transposed=int(transposed), batches=B2,
+                      M=M, N=N, K=K, row_bytes=w.shape[1], B2=B2, A2=A2, r2=B2 // A2, r3=1,
+                      out_type=OUT_TYPES[out_dtype])
+    assert plan["kernel"].startswith(kernel + "_"), plan["kernel"]
+    out = metal.dispatch_plan(plan, {0: x, 1: w, 2: np.full((B2, M, out_cols), 0xFF, DTYPES[out_dtype][0])},
+                              args_index=3, seed=seed)
+    got = DTYPES[out_dtype][2](out[2]).reshape(B2, M, out_cols)
+    x64 = DTYPES[x_dtype][2](x).astype(np.float64).reshape(B2, M, kx)
+    w64 = w64.reshape(A2, N, K)
+    expected = np.stack([x64[z] @ (w64[z // (B2 // A2)] if transposed else w64[z // (B2 // A2)].T)
+                         for z in range(B2)])
+    return got, expected
+
+
+# Relative to the largest output: float32 sums over K <= 512 exact weights (a few 1e-7), then one rounding of
+# the output (float16/bfloat16 as rms_norm's). Far inside ggml's own MUL_MAT bound (NMSE 5e-4).
+MATMUL_TOL = {"f32": 1e-5, "f16": 1e-3, "bf16": 8e-3}
+
+
+def matmul_k(type_name):
+    import gguf
+
+    if type_name in FLOAT_TYPES:
+        return 40  # not a whole number of 16-element runs: the float decoders' tail
+    return 2 * gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[type_name]][0]
+
+
+@pytest.mark.parametrize("x_dtype", list(DTYPES))
+@pytest.mark.parametrize("type_name", QUANT_TYPES + FLOAT_TYPES)
+def test_quantized_matmul_every_type(metal, type_name, x_dtype):
+    """Decode (M=3), prefill (M=37: two row tiles, edge tiles) and the transposed product, weight batch
+    broadcast over two x batches, output in x's dtype, against gguf's dequantization in float64."""
+    K = matmul_k(type_name)
+    for kernel, M, transposed in [("qmv", 3, False), ("qmm", 37, False), ("qmm_t", 5, True)]:
+        got, expected = run_matmul(metal, kernel, type_name, x_dtype, x_dtype, M=M, N=9 if kernel == "qmv" else 40,
+                                   K=K, transposed=transposed, seed=len(type_name) + M)
+        assert_close(got, expected, MATMUL_TOL[x_dtype], f"{kernel} {type_name} {x_dtype} T={transposed}")
+
+
+@pytest.mark.parametrize("kernel,transposed", [("qmv", False), ("qmm", False), ("qmm_t", True)])
+def test_quantized_matmul_float32_output_and_grouped_batches(metal, kernel, transposed):
+    """mul_mat's form: float16 x, float32 output, 4 x batches over 2 weight batches (GQA broadcasting)."""
+    M = 11 if kernel == "qmm" else 6  # qmm: past the decode kernel's 8 rows
+    got, expected = run_matmul(metal, kernel, "Q4_K", "f16", "f32", M=M, N=17, K=256, B2=4, A2=2,
+                               transposed=transposed, seed=5)
+    assert_close(got, expected, MATMUL_TOL["f32"], f"{kernel} T={transposed}")
