@@ -154,10 +154,7 @@ NB_MODULE(_ext, m) {
         "stores) or 'read' of `bytes`.");
 
   // GGUF loading: a read-only memory map whose bytes become MLX arrays without a copy.
-  auto non_negative = [](int64_t v, const char* what) {
-    if (v < 0) throw std::invalid_argument(cat("[MappedFile] ", what, " must be >= 0, got ", v, "."));
-    return static_cast<uint64_t>(v);
-  };
+  constexpr auto non_negative = &MappedFile::non_negative;
   nb::class_<MappedFile>(m, "MappedFile",
                          "A read-only memory map of a whole file. Arrays made by array() point into the "
                          "mapping (when zero_copy) and keep it alive; ranges are bounds-checked (ValueError).")

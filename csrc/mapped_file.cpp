@@ -191,6 +191,11 @@ std::string MappedFile::bytes(uint64_t offset, uint64_t nbytes) const {
   return std::string(reinterpret_cast<const char*>(mapping_->file + offset), nbytes);
 }
 
+uint64_t MappedFile::non_negative(int64_t v, const char* what) {
+  if (v < 0) throw std::invalid_argument(cat("[MappedFile] ", what, " must be >= 0, got ", v, "."));
+  return static_cast<uint64_t>(v);
+}
+
 mx::array MappedFile::array(uint64_t offset, const std::vector<int64_t>& dims) const {
   mx::Shape shape;
   uint64_t nbytes = 1;  // saturates at the maximum: the range check then fails

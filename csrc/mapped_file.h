@@ -40,6 +40,8 @@ class MappedFile {
   void check_range(uint64_t offset, uint64_t nbytes) const;
   // A copy of bytes [offset, offset + nbytes).
   std::string bytes(uint64_t offset, uint64_t nbytes) const;
+  // A byte offset or count from Python: a ValueError naming `what` when negative.
+  static uint64_t non_negative(int64_t v, const char* what);
   // A uint8 array of shape `dims` over bytes [offset, offset + prod(dims)); every
   // dimension must fit MLX's int32 shape elements.
   mx::array array(uint64_t offset, const std::vector<int64_t>& dims) const;
