@@ -30,3 +30,6 @@ string(REPLACE ";" "," _cuda_archs "${CMAKE_CUDA_ARCHITECTURES}")
 target_compile_definitions(_ext PRIVATE MLX_GGML_EXT_CUDA_ARCHITECTURES="${_cuda_archs}")
 # ggml rounds d*q before adding the offset: no fused multiply-add in the decoders (bit-identity with gguf).
 set_source_files_properties(${PROJECT_SOURCE_DIR}/kernels/cuda/dequantize.cu PROPERTIES COMPILE_OPTIONS "-fmad=false")
+# Whatever static libraries end up in the module (on the GPU machine its C++ runtime was linked in statically
+# and exported __cxa_throw, and every C++ exception crossing into Python crashed): keep their symbols local.
+target_link_options(_ext PRIVATE -Wl,--exclude-libs,ALL)
