@@ -114,7 +114,7 @@ def test_quantized_weights_from_real_data():
     w = rng.standard_normal((96, 1024)).astype(np.float32)
     x = rng.standard_normal((5, 1024)).astype(np.float32)
     for t in [GGMLType.Q4_0, GGMLType.Q5_1, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K]:
-        blocks = np.array(ops.quantize(mx.array(w), t))
+        blocks = np.array(ops.quantize(mx.array(w), t, stream=mx.cpu))
         dense = gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType(int(t))).astype(np.float64)
         y = ops.quantized_matmul(mx.array(x), GGMLTensor(mx.array(blocks), t, w.shape))
         assert nmse(to_numpy(y), x.astype(np.float64) @ dense.T) <= QUANT_NMSE, t.name
@@ -293,7 +293,7 @@ def test_ggml_linear_layer_and_swapping_a_models_linears(tmp_path):
     rng = np.random.default_rng(8)
     w = rng.standard_normal((32, 256)).astype(np.float32)
     t = GGMLType.Q4_K
-    tensor = GGMLTensor(ops.quantize(mx.array(w), t), t, w.shape)
+    tensor = GGMLTensor(ops.quantize(mx.array(w), t, stream=mx.cpu), t, w.shape)
     bias = mx.array(rng.standard_normal(32).astype(np.float32))
     layer = GGMLLinear(tensor, bias)
     x = random_x(rng, (4, 256), mx.float32)
