@@ -40,6 +40,8 @@ constexpr int kGroupLanes = 16;    // int32 lanes per step, 4 elements each
 constexpr int kActBlock = 32;      // elements per activation scale
 constexpr int kTileRows = 8;       // rows of x per weight pass
 constexpr int64_t kL2WeightBytes = 192 << 10;  // weight rows kept in cache across the row tiles of x
+constexpr int64_t kL1ActivationBytes = 24 << 10;  // a K segment's activations, kept in L1
+constexpr int64_t kSegmentAlign = 256;           // K segments hold whole blocks and groups of every type
 
 template <class V>
 inline __attribute__((always_inline)) V load_vec(const void* p) {
@@ -505,17 +507,18 @@ struct QuantRowDot {
     }
   }
 
-  void run(const uint8_t* row, int64_t n_blocks, float* res) {
+  // Blocks [begin, end) of the row (begin even for 32-element blocks).
+  void run(const uint8_t* row, int64_t begin, int64_t end, float* res) {
     using Scales = typename ScalesOf<Q>::type;
     if constexpr (Q::kQK == 32) {
-      int64_t blk = 0;
+      int64_t blk = begin;
       vf32x16 sw, ow;
-      for (; blk + 2 <= n_blocks; blk += 2) {
+      for (; blk + 2 <= end; blk += 2) {
         const uint8_t* p0 = row + blk * sizeof(B);
         Scales::pair(reinterpret_cast<const B*>(p0), reinterpret_cast<const B*>(p0 + sizeof(B)), sw, ow);
         step(codes.template decode<0>(p0), sw, ow, blk / 2);
       }
-      if (blk < n_blocks) {  // an odd block count: the last group's second half is empty
+      if (blk < end) {  // an odd block count: the last group's second half is empty
         const uint8_t* p0 = row + blk * sizeof(B);
         const auto s0 = Q::scale(reinterpret_cast<const B*>(p0), 0);
         const float o0 = signed_offset(s0);
@@ -525,7 +528,7 @@ struct QuantRowDot {
     } else {
       static_assert(Q::kQK == 4 * kGroup, "a 256-element block is four groups");
       Scales sc;
-      for (int64_t blk = 0; blk < n_blocks; ++blk) {
+      for (int64_t blk = begin; blk < end; ++blk) {
         const uint8_t* p = row + blk * sizeof(B);
         sc.load_block(reinterpret_cast<const B*>(p));
         const int64_t g = blk * 4;
@@ -612,9 +615,10 @@ struct ChunkRowDot {
     return codes.template chunk<G, C>(base) + ChunkCodes<Q, kOffset>::kShift;
   }
 
-  void run(const uint8_t* row, int64_t n_blocks, float* res) {
+  // Blocks [begin, end) of the row.
+  void run(const uint8_t* row, int64_t begin, int64_t end, float* res) {
     if constexpr (Q::kQK == 32) {
-      for (int64_t blk = 0; blk < n_blocks; ++blk) {
+      for (int64_t blk = begin; blk < end; ++blk) {
         const uint8_t* p = row + blk * sizeof(B);
         const auto s = Q::scale(reinterpret_cast<const B*>(p), 0);
         const int64_t g = blk / 2;
@@ -624,7 +628,7 @@ struct ChunkRowDot {
       }
     } else {
       typename ScalesOf<Q>::type sc;
-      for (int64_t blk = 0; blk < n_blocks; ++blk) {
+      for (int64_t blk = begin; blk < end; ++blk) {
         const uint8_t* p = row + blk * sizeof(B);
         sc.load_block(reinterpret_cast<const B*>(p));
         float scale[16], offset[16];
@@ -693,22 +697,33 @@ inline void with_tile(int64_t rows, Body&& body) {
 int64_t padded_rows(int64_t M) { return (M + kTileRows - 1) / kTileRows * kTileRows; }
 
 // Walks the (row tile, weight row) pairs of the forward product over the thread pool: weight rows split
-// across threads, each thread's rows taken in cache-sized slices, every row tile of x against each slice.
+// across threads, each thread's rows taken in cache-sized slices, every row tile of x against each slice, and
+// K in segments whose activations stay in L1 (`act_bytes` per element and row) while the weights stream.
 template <class DotTile>
-void forward_tiles(const MatmulArgs& a, int64_t row_bytes, DotTile&& dot_tile) {
+void forward_tiles(const MatmulArgs& a, int64_t row_bytes, int64_t act_bytes, DotTile&& dot_tile) {
   const int64_t slice = std::max<int64_t>(1, kL2WeightBytes / std::max<int64_t>(1, row_bytes));
   const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 15) / std::max<int64_t>(1, a.K));
+  const int64_t tile_rows = std::min<int64_t>(kTileRows, a.M);
+  const int64_t segment = std::max<int64_t>(kSegmentAlign, kL1ActivationBytes / (tile_rows * act_bytes) /
+                                                               kSegmentAlign * kSegmentAlign);
   GGML_EXT_FLOAT_SWITCH(a.out_type, Out, {
     auto* out = static_cast<typename Out::T*>(a.out);
     parallel_for(a.N, grain, [&](int64_t n0, int64_t n1) {
       float res[kTileRows];
+      std::vector<float> sums(std::min(slice, n1 - n0) * kTileRows);
       for (int64_t s0 = n0; s0 < n1; s0 += slice) {
         const int64_t s1 = std::min(n1, s0 + slice);
         for (int64_t m0 = 0; m0 < a.M; m0 += kTileRows) {
           const int64_t rows = std::min<int64_t>(kTileRows, a.M - m0);
+          std::fill(sums.begin(), sums.end(), 0.0f);
+          for (int64_t k0 = 0; k0 < a.K; k0 += segment) {
+            for (int64_t n = s0; n < s1; ++n) {
+              dot_tile(n, m0, rows, k0, std::min(a.K, k0 + segment), res);
+              for (int64_t r = 0; r < rows; ++r) sums[(n - s0) * kTileRows + r] += res[r];
+            }
+          }
           for (int64_t n = s0; n < s1; ++n) {
-            dot_tile(n, m0, rows, res);
-            for (int64_t r = 0; r < rows; ++r) out[(m0 + r) * a.N + n] = Out::from_f32(res[r]);
+            for (int64_t r = 0; r < rows; ++r) out[(m0 + r) * a.N + n] = Out::from_f32(sums[(n - s0) * kTileRows + r]);
           }
         }
       }
@@ -730,9 +745,11 @@ void forward_quantized(const MatmulArgs& a) {
   const int64_t row_bytes = n_blocks * sizeof(typename Q::B);
   const auto* w = static_cast<const uint8_t*>(a.w);
   const GroupCodes<Q, kOffset> codes;
-  forward_tiles(a, row_bytes, [&](int64_t n, int64_t m0, int64_t rows, float* res) {
-    with_tile(rows,
-              [&]<int MR>() { RowDot<Q, MR, kOffset>(act, m0, codes).run(w + n * row_bytes, n_blocks, res); });
+  forward_tiles(a, row_bytes, sizeof(ActRecord) / kGroup, [&](int64_t n, int64_t m0, int64_t rows, int64_t k0,
+                                                               int64_t k1, float* res) {
+    with_tile(rows, [&]<int MR>() {
+      RowDot<Q, MR, kOffset>(act, m0, codes).run(w + n * row_bytes, k0 / Q::kQK, k1 / Q::kQK, res);
+    });
   });
 }
 
@@ -759,8 +776,11 @@ template <class WFmt>
 void forward_float(const MatmulArgs& a) {
   const std::vector<float> xf = float_rows(a, a.K);
   const auto* w = static_cast<const typename WFmt::T*>(a.w);
-  forward_tiles(a, a.K * sizeof(typename WFmt::T), [&](int64_t n, int64_t m0, int64_t rows, float* res) {
-    with_tile(rows, [&]<int MR>() { float_row_dot<WFmt, MR>(w + n * a.K, a.K, xf.data() + m0 * a.K, a.K, res); });
+  forward_tiles(a, a.K * sizeof(typename WFmt::T), sizeof(float), [&](int64_t n, int64_t m0, int64_t rows,
+                                                                         int64_t k0, int64_t k1, float* res) {
+    with_tile(rows, [&]<int MR>() {
+      float_row_dot<WFmt, MR>(w + n * a.K + k0, k1 - k0, xf.data() + m0 * a.K + k0, a.K, res);
+    });
   });
 }
 
