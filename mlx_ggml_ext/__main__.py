@@ -54,7 +54,22 @@ def check_dequantize(rng, dtype):
     return worst, {mx.float32: 1e-6, mx.float16: 1e-3, mx.bfloat16: 8e-3}[dtype]
 
 
-CHECKS = [("rms_norm", check_rms_norm), ("rope", check_rope), ("dequantize", check_dequantize)]
+def check_quantized_matmul(rng, dtype):
+    """Every ggml type: NMSE of x @ W^T against float64 math on the blocks as the SPEC decodes them
+    (ggml's own MUL_MAT tolerance is 5e-4; quantized weights meet int8 activations on the CPU)."""
+    worst = 0.0
+    for t in mlx_ggml_ext.GGMLType:
+        k = 512
+        data = reference.random_blocks(rng, t.name, 24, k)
+        x = mx.array(rng.standard_normal((3, k)).astype(np.float32)).astype(dtype)
+        got = _f64(ops.quantized_matmul(x, mx.array(data), t))
+        expected = _f64(x) @ reference.dequantize(data, t.name, (24, k)).T
+        worst = max(worst, float(np.sum((got - expected) ** 2) / np.sum(expected ** 2)))
+    return worst, 2e-4
+
+
+CHECKS = [("rms_norm", check_rms_norm), ("rope", check_rope), ("dequantize", check_dequantize),
+          ("quantized_matmul NMSE", check_quantized_matmul)]
 
 # ----------------------------------------------------------------------------- speed
 # Each returns (label, our op, MLX's built-in) on inputs built once.
@@ -84,7 +99,19 @@ def speed_dequantize():
             (lambda: mx.dequantize(*mlx_q, group_size=32, bits=4)))
 
 
-SPEEDS = [speed_rms_norm, speed_rope, speed_dequantize]
+def speed_quantized_matmul():
+    # MLX's built-in counterpart: mx.quantized_matmul on its own 4-bit affine format (group 32), same shape;
+    # one row of x (decode), four weights per evaluation so that they do not all stay in cache.
+    ws = [mx.random.normal((4096, 4096)) for _ in range(4)]
+    blocks = [ops.quantize(w, "q4_0", stream=mx.cpu) for w in ws]
+    mlx_q = [mx.quantize(w, group_size=32, bits=4) for w in ws]
+    x = mx.random.normal((1, 4096))
+    mx.eval(blocks, mlx_q, x)
+    return ("quantized_matmul q4_0 4x(1x4096 @ 4096x4096)", (lambda: [ops.quantized_matmul(x, b, "q4_0") for b in blocks]),
+            (lambda: [mx.quantized_matmul(x, *q, transpose=True, group_size=32, bits=4) for q in mlx_q]))
+
+
+SPEEDS = [speed_rms_norm, speed_rope, speed_dequantize, speed_quantized_matmul]
 
 
 def _short(x) -> str:
