@@ -447,30 +447,18 @@ template <class Q>
 struct ScalesOf {
   using type = ChunkScales<Q>;
 };
-template <>
-struct ScalesOf<GGML_EXT_BLOCK_FORMAT(q4_k, 256)> {
-  using type = K4Scales<GGML_EXT_BLOCK_FORMAT(q4_k, 256)>;
-};
-template <>
-struct ScalesOf<GGML_EXT_BLOCK_FORMAT(q5_k, 256)> {
-  using type = K4Scales<GGML_EXT_BLOCK_FORMAT(q5_k, 256)>;
-};
-template <>
-struct ScalesOf<GGML_EXT_BLOCK_FORMAT(q6_k, 256)> {
-  using type = Q6KScales;
-};
-template <>
-struct ScalesOf<GGML_EXT_BLOCK_FORMAT(q2_k, 256)> {
-  using type = Q2KScales;
-};
-template <>
-struct ScalesOf<GGML_EXT_BLOCK_FORMAT(q3_k, 256)> {
-  using type = Q3KScales;
-};
-template <>
-struct ScalesOf<GGML_EXT_BLOCK_FORMAT(iq4_xs, 256)> {
-  using type = IQ4XSScales;
-};
+#define GGML_EXT_SCALES_OF(name, Scales)               \
+  template <>                                           \
+  struct ScalesOf<GGML_EXT_BLOCK_FORMAT(name, 256)> {   \
+    using type = Scales;                                \
+  };
+GGML_EXT_SCALES_OF(q2_k, Q2KScales)
+GGML_EXT_SCALES_OF(q3_k, Q3KScales)
+GGML_EXT_SCALES_OF(q4_k, K4Scales<GGML_EXT_BLOCK_FORMAT(q4_k, 256)>)
+GGML_EXT_SCALES_OF(q5_k, K4Scales<GGML_EXT_BLOCK_FORMAT(q5_k, 256)>)
+GGML_EXT_SCALES_OF(q6_k, Q6KScales)
+GGML_EXT_SCALES_OF(iq4_xs, IQ4XSScales)
+#undef GGML_EXT_SCALES_OF
 
 template <int G>
 inline __attribute__((always_inline)) vf32x16 group_lanes(vf32x16 v) {
