@@ -167,3 +167,25 @@ def test_rope(kernel_check, mode, dim, n_dims):
     expected = reference.rope(x.astype(np.float64), positions, n_dims, mode, freq_base=10000.0, freq_scale=0.25)
     assert nmse(got, expected) <= 1e-7  # ggml's own rope tolerance, as in test_rope.py
     np.testing.assert_array_equal(got[..., n_dims:], x[..., n_dims:])
+
+
+@pytest.mark.parametrize("ggml_type", [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q8_0, GGMLType.Q2_K,
+                                       GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.IQ4_NL,
+                                       GGMLType.IQ4_XS, GGMLType.MXFP4, GGMLType.F16], ids=lambda t: t.name)
+def test_quantized_matmul(kernel_check, ggml_type):
+    """The NEON product (int8 activations, 16-element chunks) against float64 on the gguf-decoded weight; the
+    transposed product (float32 on the decoded values) much tighter."""
+    rng = np.random.default_rng(300 + int(ggml_type))
+    n, k = 24, 768 if ggml_type.block_size == 256 else 32 * 23
+    blocks = reference.random_blocks(rng, ggml_type.name, n, k)
+    if ggml_type.is_float:
+        dense = blocks.view(np.float16).astype(np.float64).reshape(n, k)
+    else:
+        dense = gguf.quants.dequantize(blocks, _gguf_type(ggml_type)).astype(np.float64).reshape(n, k)
+    for m in (1, 5, 9):
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        got = kernel_check("matmul", int(ggml_type), m, n, k, 0, inputs=[x, blocks], out_dtype=np.float32)
+        assert nmse(got.reshape(m, n), x.astype(np.float64) @ dense.T) <= (1e-11 if ggml_type.is_float else 2e-4)
+    g = rng.standard_normal((3, n)).astype(np.float32)
+    got = kernel_check("matmul", int(ggml_type), 3, n, k, 1, inputs=[g, blocks], out_dtype=np.float32)
+    assert nmse(got.reshape(3, k), g.astype(np.float64) @ dense) <= 1e-11

@@ -8,6 +8,7 @@
 //   kernel_check rms_norm <float type> <rows> <dim> <eps> <x> <weight or -> <out>
 //   kernel_check rope <float type> <tokens> <heads> <dim> <n_dims> <neox 0|1> <freq_base>
 //                     <freq_scale> <x> <positions int32> <out>
+//   kernel_check matmul <type id> <M> <N> <K> <transpose 0|1> <x float32> <w blocks> <out float32>
 //
 // Float types: 0 float32, 1 float16, 2 bfloat16 (kernels/cpu/types.h).
 #include <cmath>
@@ -21,6 +22,7 @@
 
 #include "kernels/common/ggml_blocks.h"
 #include "kernels/cpu/dequantize.h"
+#include "kernels/cpu/matmul.h"
 #include "kernels/cpu/quantize.h"
 #include "kernels/cpu/rms_norm.h"
 #include "kernels/cpu/rope.h"
@@ -110,6 +112,20 @@ int run(int argc, char** argv) {
                     cpu::RopeAngles{theta_scale, freq_scale, 1.0f, 1.0f}};
     cpu::rope(a);
     write_file(argv[12], y.data(), y.size());
+    return 0;
+  }
+  if (op == "matmul" && argc == 10) {
+    const int type = static_cast<int>(arg(argv, 2));
+    const int64_t M = arg(argv, 3), N = arg(argv, 4), K = arg(argv, 5);
+    const bool transpose = arg(argv, 6) != 0;
+    auto x = read_file(argv[7]);
+    expect_bytes(x, M * (transpose ? N : K) * sizeof(float), "x");
+    auto w = read_file(argv[8]);
+    expect_bytes(w, N * K / ggml_ext_block_size(type) * ggml_ext_type_size(type), "w");
+    std::vector<float> out(M * (transpose ? K : N));
+    cpu::quantized_matmul({x.data(), cpu::FloatType::f32, w.data(), type, out.data(), cpu::FloatType::f32, M, N, K,
+                           transpose});
+    write_file(argv[9], out.data(), out.size() * sizeof(float));
     return 0;
   }
   std::fprintf(stderr, "usage: see the comment at the top of kernel_check.cpp\n");
