@@ -98,22 +98,27 @@ struct ActRecord {
   float d[kGroupLanes];
 };
 
+// The tile instance for `rows` rows of x: 1, 2, 4 or 8 (the rows a weight pass takes at once).
+inline int tile_rows_for(int64_t rows) { return rows <= 1 ? 1 : rows <= 2 ? 2 : rows <= 4 ? 4 : kTileRows; }
+
 struct QuantizedRows {
   int64_t groups = 0;
   int zc = 0;
   std::vector<ActRecord> rec;
   std::vector<float> sums;  // kGroupLanes per record
 
-  void resize(int64_t padded_rows, int64_t n_groups, int weight_zero) {
+  int64_t tile = kTileRows;  // rows per tile: 1, 2, 4 or 8 (fewer for small M, so no record is padding)
+
+  void resize(int64_t rows, int64_t n_groups, int weight_zero) {
+    tile = tile_rows_for(rows);
     groups = n_groups;
     zc = weight_zero;
-    rec.assign(padded_rows * groups, ActRecord{});  // zeros: padding rows and the tail of the last group
-    sums.assign(padded_rows * groups * kGroupLanes, 0.0f);
+    const int64_t padded = (rows + tile - 1) / tile * tile;
+    rec.assign(padded * groups, ActRecord{});  // zeros: padding rows and the tail of the last group
+    sums.assign(padded * groups * kGroupLanes, 0.0f);
   }
-  // Record index of (row, group): tiles of kTileRows rows, group-major inside a tile.
-  int64_t at(int64_t row, int64_t group) const {
-    return (row / kTileRows * groups + group) * kTileRows + row % kTileRows;
-  }
+  // Record index of (row, group): tiles of `tile` rows, group-major inside a tile.
+  int64_t at(int64_t row, int64_t group) const { return (row / tile * groups + group) * tile + row % tile; }
 };
 
 template <class Fmt>
@@ -475,23 +480,25 @@ template <class Q, int MR, bool kOffset>
 struct QuantRowDot {
   using B = typename Q::B;
   vf32x16 acc[MR] = {};
-  const ActRecord* tile;  // the tile's records: group g's rows at tile[g * kTileRows + r]
+  const ActRecord* tile;  // the tile's records: group g's rows at tile[g * stride + r]
   const float* tile_sums;
+  int64_t stride;
   const GroupCodes<Q, kOffset>& codes;
 
   QuantRowDot(const QuantizedRows& act, int64_t row0, const GroupCodes<Q, kOffset>& group_codes)
       : tile(act.rec.data() + act.at(row0, 0)),
         tile_sums(act.sums.data() + act.at(row0, 0) * kGroupLanes),
+        stride(act.tile),
         codes(group_codes) {}
 
   inline __attribute__((always_inline)) void step(vi8x64 w, vf32x16 sw, vf32x16 ow, int64_t g) {
     if constexpr (kOffset) ow += sw * static_cast<float>(code_center<Q, kOffset>());
-    const ActRecord* rec = tile + g * kTileRows;
+    const ActRecord* rec = tile + g * stride;
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
       const vf32x16 f = __builtin_convertvector(dot_lanes(w, rec[r]), vf32x16) * load_vec<vf32x16>(rec[r].d);
       acc[r] += f * sw;
-      if constexpr (kOffset) acc[r] += ow * load_vec<vf32x16>(tile_sums + (g * kTileRows + r) * kGroupLanes);
+      if constexpr (kOffset) acc[r] += ow * load_vec<vf32x16>(tile_sums + (g * stride + r) * kGroupLanes);
     }
   }
 
@@ -577,24 +584,26 @@ struct ChunkRowDot {
   vf32x4 acc[MR] = {};
   const ActRecord* tile;
   const float* tile_sums;
+  int64_t stride;
   const ChunkCodes<Q, kOffset>& codes;
 
   ChunkRowDot(const QuantizedRows& act, int64_t row0, const ChunkCodes<Q, kOffset>& chunk_codes)
       : tile(act.rec.data() + act.at(row0, 0)),
         tile_sums(act.sums.data() + act.at(row0, 0) * kGroupLanes),
+        stride(act.tile),
         codes(chunk_codes) {}
 
   // Chunk c (0..3) of group g: its 16 centered codes, scale and offset.
   inline __attribute__((always_inline)) void chunk(vi8x16 w, float scale, float offset, int64_t g, int c) {
     const vf32x4 sw = vf32x4{} + scale;
     const vf32x4 ow = vf32x4{} + (offset + scale * static_cast<float>(code_center<Q, kOffset>()));
-    const ActRecord* rec = tile + g * kTileRows;
+    const ActRecord* rec = tile + g * stride;
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
       const vf32x4 f = __builtin_convertvector(dot_chunk(w, rec[r].q + 16 * c), vf32x4) *
                        load_vec<vf32x4>(rec[r].d + 4 * c);
       acc[r] += f * sw;
-      if constexpr (kOffset) acc[r] += ow * load_vec<vf32x4>(tile_sums + (g * kTileRows + r) * kGroupLanes + 4 * c);
+      if constexpr (kOffset) acc[r] += ow * load_vec<vf32x4>(tile_sums + (g * stride + r) * kGroupLanes + 4 * c);
     }
   }
 
@@ -668,13 +677,11 @@ void float_row_dot(const typename WFmt::T* w, int64_t K, const float* x, int64_t
 // ---------------------------------------------------------------------------------------------------
 // Drivers
 // ---------------------------------------------------------------------------------------------------
-inline int tile_instance(int64_t rows) { return rows <= 1 ? 1 : rows <= 2 ? 2 : rows <= 4 ? 4 : 8; }
-
 // Calls body<MR>() with MR the tile instance for `rows` (1, 2, 4 or 8; the activations are padded with zero
 // rows up to a multiple of 8, so the extra rows read zeros and their results are dropped).
 template <class Body>
 inline void with_tile(int64_t rows, Body&& body) {
-  switch (tile_instance(rows)) {
+  switch (tile_rows_for(rows)) {
     case 1: return body.template operator()<1>();
     case 2: return body.template operator()<2>();
     case 4: return body.template operator()<4>();
@@ -722,7 +729,7 @@ void forward_tiles(const MatmulArgs& a, int64_t row_bytes, int64_t act_bytes, Do
 template <class Q, bool kOffset>
 void forward_quantized(const MatmulArgs& a) {
   QuantizedRows act;
-  act.resize(padded_rows(a.M), (a.K + kGroup - 1) / kGroup, kUnsignedWeights ? weight_zero<Q, kOffset>() : 0);
+  act.resize(a.M, (a.K + kGroup - 1) / kGroup, kUnsignedWeights ? weight_zero<Q, kOffset>() : 0);
   GGML_EXT_FLOAT_SWITCH(a.x_type, In, {
     const auto* x = static_cast<const typename In::T*>(a.x);
     parallel_for(a.M, std::max<int64_t>(1, 16384 / a.K), [&](int64_t m0, int64_t m1) {
