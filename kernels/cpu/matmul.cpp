@@ -40,7 +40,10 @@ constexpr int kGroupLanes = 16;    // int32 lanes per step, 4 elements each
 constexpr int kActBlock = 32;      // elements per activation scale
 constexpr int kTileRows = 8;       // rows of x per weight pass
 constexpr int64_t kL2WeightBytes = 192 << 10;  // weight rows kept in cache across the row tiles of x
-constexpr int64_t kL1ActivationBytes = 24 << 10;  // a K segment's activations, kept in L1
+// A K segment's activations, kept in L2: segments cut every weight row into pieces, which DRAM streams badly,
+// so they are as long as the cache allows.
+constexpr int64_t kActivationBytes = 256 << 10;
+constexpr int64_t kPrefetchBytes = 1024;  // how far ahead of the decoder the weight row is prefetched
 constexpr int64_t kSegmentAlign = 256;           // K segments hold whole blocks and groups of every type
 
 template <class V>
@@ -510,6 +513,7 @@ struct QuantRowDot {
       vf32x16 sw, ow;
       for (; blk + 2 <= end; blk += 2) {
         const uint8_t* p0 = row + blk * sizeof(B);
+        __builtin_prefetch(p0 + kPrefetchBytes);
         Scales::pair(reinterpret_cast<const B*>(p0), reinterpret_cast<const B*>(p0 + sizeof(B)), sw, ow);
         step(codes.template decode<0>(p0), sw, ow, blk / 2);
       }
@@ -525,6 +529,9 @@ struct QuantRowDot {
       Scales sc;
       for (int64_t blk = begin; blk < end; ++blk) {
         const uint8_t* p = row + blk * sizeof(B);
+        __builtin_prefetch(p + kPrefetchBytes);
+        __builtin_prefetch(p + kPrefetchBytes + 64);
+        __builtin_prefetch(p + kPrefetchBytes + 128);
         sc.load_block(reinterpret_cast<const B*>(p));
         const int64_t g = blk * 4;
         step(codes.template decode<0>(p), group_lanes<0>(sc.scale), group_lanes<0>(sc.offset), g);
@@ -693,13 +700,13 @@ int64_t padded_rows(int64_t M) { return (M + kTileRows - 1) / kTileRows * kTileR
 
 // Walks the (row tile, weight row) pairs of the forward product over the thread pool: weight rows split
 // across threads, each thread's rows taken in cache-sized slices, every row tile of x against each slice, and
-// K in segments whose activations stay in L1 (`act_bytes` per element and row) while the weights stream.
+// K in segments whose activations stay in L2 (`act_bytes` per element and row) while the weights stream.
 template <class DotTile>
 void forward_tiles(const MatmulArgs& a, int64_t row_bytes, int64_t act_bytes, DotTile&& dot_tile) {
   const int64_t slice = std::max<int64_t>(1, kL2WeightBytes / std::max<int64_t>(1, row_bytes));
   const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 15) / std::max<int64_t>(1, a.K));
   const int64_t tile_rows = std::min<int64_t>(kTileRows, a.M);
-  const int64_t segment = std::max<int64_t>(kSegmentAlign, kL1ActivationBytes / (tile_rows * act_bytes) /
+  const int64_t segment = std::max<int64_t>(kSegmentAlign, kActivationBytes / (tile_rows * act_bytes) /
                                                                kSegmentAlign * kSegmentAlign);
   GGML_EXT_FLOAT_SWITCH(a.out_type, Out, {
     auto* out = static_cast<typename Out::T*>(a.out);
