@@ -7,8 +7,9 @@
 // activation's and the chunk's scales in float32:
 //     sum_j w_j x_j = sum_lanes s_w * d_x * (sum_4 code_j q_j) + o_w * (sum_4 x_j)
 // (o_w: the chunk's offset, for Q4_1, Q5_1, Q2_K, Q4_K, Q5_K; the activation sums are exact float sums).
-// The per-lane integer dot is one VNNI instruction on AVX-512 (codes offset by 128 to be unsigned, with the
-// 128 * sum(q) it adds taken off in advance), maddubs/madd on AVX2, sdot or widening multiplies on NEON.
+// The per-lane integer dot is one VNNI instruction on AVX-512 (activations offset by 128 to be unsigned, with
+// the 128 * sum(code) that adds taken off once per weight group), maddubs/madd on AVX2, sdot or widening
+// multiplies on NEON.
 // Rows of x are taken in tiles of up to 8, so each weight group is decoded once per tile: decode (M <= 8)
 // streams the weight once with every thread; prefill tiles M by 8 and keeps a slice of weight rows in L2.
 //
@@ -54,15 +55,15 @@ inline __attribute__((always_inline)) V load_vec(const void* p) {
 }
 
 // ---------------------------------------------------------------------------------------------------
-// How a weight group meets the activations. With VNNI (one instruction: unsigned bytes times signed bytes,
-// summed per 4 into int32 lanes) the weight side is unsigned, U = code + zc for a per-type constant zc, and
-// every activation lane starts from -zc * (the sum of its 4 codes), so dpbusd(start, U, q) = sum code * q.
-// Elsewhere the weight side is the signed code and the dot is signed times signed.
+// How a weight group meets the activations. VNNI multiplies unsigned bytes by signed bytes, summed per 4 into
+// int32 lanes: the activations are stored offset by 128 (unsigned) and the weight codes stay signed, so
+// dpbusd(bias, q + 128, code) = sum code * q when bias = -128 * (the sum of the lane's 4 codes), computed once
+// per weight group for every row of x. Elsewhere the dot is signed times signed.
 // ---------------------------------------------------------------------------------------------------
 #if defined(__AVX512VNNI__) && defined(__AVX512VBMI__)
-constexpr bool kUnsignedWeights = true;
+constexpr int kActBias = 128;
 #else
-constexpr bool kUnsignedWeights = false;
+constexpr int kActBias = 0;
 #endif
 
 // Formats with an offset (d * q + m; kOffset) have their unsigned codes centered, d * (q - c) + (m + d * c):
@@ -74,14 +75,6 @@ constexpr int code_center() {
   return (l.lo_mask + 1) * (l.hi_word ? 2 : l.hi_mask + 1) / 2;
 }
 
-// zc: the unsigned weight byte is code + zc (the format's own unsigned part where it has one).
-template <class Q, bool kOffset>
-constexpr int weight_zero() {
-  const ggml_ext_layout16 l = Q::layout(0);
-  if (l.lo_signed || l.codebook != GGML_EXT_CODEBOOK_NONE) return 128;
-  return l.zero + code_center<Q, kOffset>();
-}
-
 // Whether a format adds a per-chunk offset (Q4_1, Q5_1, Q2_K, Q4_K, Q5_K): asked of its scale function.
 template <class Q>
 bool has_offset() {
@@ -90,15 +83,14 @@ bool has_offset() {
 }
 
 // ---------------------------------------------------------------------------------------------------
-// Activations: rows of x quantized per 32 elements. Stored in tiles of kTileRows rows, group-major, so that a
-// tile's data for one weight group is contiguous: per (tile, group, row) a record of the 64 codes, per lane
-// of 4 elements the lane's activation scale and its VNNI start (-zc * sum of its codes); and apart, per
-// lane, the exact float sum of its 4 x values (used by formats with offsets).
+// Activations: rows of x quantized per 32 elements. Stored in tiles of rows, group-major, so that a tile's data
+// for one weight group is contiguous and small (72 bytes per row and 64 elements, which keep long rows in L1):
+// per (tile, group, row) the 64 codes (+ kActBias) and the two activation scales; and apart, per lane of 4
+// elements, the exact float sum of its 4 x values (used by formats with offsets).
 // ---------------------------------------------------------------------------------------------------
 struct ActRecord {
-  int8_t q[kGroup];
-  int32_t start[kGroupLanes];
-  float d[kGroupLanes];
+  uint8_t q[kGroup];
+  float d[kGroup / kActBlock];
 };
 
 // The tile instance for `rows` rows of x: 1, 2, 4 or 8 (the rows a weight pass takes at once).
@@ -106,18 +98,18 @@ inline int tile_rows_for(int64_t rows) { return rows <= 1 ? 1 : rows <= 2 ? 2 : 
 
 struct QuantizedRows {
   int64_t groups = 0;
-  int zc = 0;
   std::vector<ActRecord> rec;
   std::vector<float> sums;  // kGroupLanes per record
 
   int64_t tile = kTileRows;  // rows per tile: 1, 2, 4 or 8 (fewer for small M, so no record is padding)
 
-  void resize(int64_t rows, int64_t n_groups, int weight_zero) {
+  void resize(int64_t rows, int64_t n_groups) {
     tile = tile_rows_for(rows);
     groups = n_groups;
-    zc = weight_zero;
     const int64_t padded = (rows + tile - 1) / tile * tile;
-    rec.assign(padded * groups, ActRecord{});  // zeros: padding rows and the tail of the last group
+    ActRecord zero{};  // activations of zero: padding rows and the tail of the last group
+    std::memset(zero.q, kActBias, sizeof zero.q);
+    rec.assign(padded * groups, zero);
     sums.assign(padded * groups * kGroupLanes, 0.0f);
   }
   // Record index of (row, group): tiles of `tile` rows, group-major inside a tile.
@@ -138,21 +130,31 @@ void quantize_activation_row(const typename Fmt::T* x, int64_t K, QuantizedRows&
     const float inv = scale != 0.0f && std::isfinite(scale) ? 1.0f / scale : 0.0f;
     const int64_t i = a.at(row, k0 / kGroup), part = k0 % kGroup;
     ActRecord& r = a.rec[i];
-    for (int j = 0; j < kActBlock; ++j) r.q[part + j] = static_cast<int8_t>(std::nearbyint(v[j] * inv));
-    float* sums = a.sums.data() + i * kGroupLanes + part / 4;
-    for (int l = 0; l < kActBlock / 4; ++l) {
-      const int8_t* q = r.q + part + 4 * l;
-      r.start[part / 4 + l] = -a.zc * (q[0] + q[1] + q[2] + q[3]);
-      r.d[part / 4 + l] = scale;
-      sums[l] = (v[4 * l] + v[4 * l + 1]) + (v[4 * l + 2] + v[4 * l + 3]);
+    for (int j = 0; j < kActBlock; ++j) {
+      r.q[part + j] = static_cast<uint8_t>(static_cast<int>(std::nearbyint(v[j] * inv)) + kActBias);
     }
+    r.d[part / kActBlock] = scale;
+    float* sums = a.sums.data() + i * kGroupLanes + part / 4;
+    for (int l = 0; l < kActBlock / 4; ++l) sums[l] = (v[4 * l] + v[4 * l + 1]) + (v[4 * l + 2] + v[4 * l + 3]);
   }
 }
 
 #if defined(__AVX512VNNI__) && defined(__AVX512VBMI__)
-// The integer dot of 64 unsigned weight bytes with a record's 64 activation codes, 4 elements per int32 lane.
-inline __attribute__((always_inline)) vi32x16 dot_lanes(vi8x64 w, const ActRecord& r) {
-  return (vi32x16)_mm512_dpbusd_epi32(_mm512_loadu_si512(r.start), (__m512i)w, _mm512_loadu_si512(r.q));
+// What the activations' offset adds to each lane's dot with the signed codes w, negated: -128 * sum of 4 codes.
+inline __attribute__((always_inline)) vi32x16 weight_bias(vi8x64 w) {
+  return -(vi32x16)_mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(-128), (__m512i)w);
+}
+
+// The integer dot of 64 signed weight codes with a record's 64 activation codes, 4 elements per int32 lane.
+inline __attribute__((always_inline)) vi32x16 dot_lanes(vi8x64 w, vi32x16 bias, const ActRecord& r) {
+  return (vi32x16)_mm512_dpbusd_epi32((__m512i)bias, _mm512_loadu_si512(r.q), (__m512i)w);
+}
+
+// The record's two activation scales spread over the lanes of their 32 elements.
+inline __attribute__((always_inline)) vf32x16 scale_lanes(const ActRecord& r) {
+  const __m128 d = _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(r.d)));
+  return (vf32x16)_mm512_permutexvar_ps(_mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0),
+                                        _mm512_castps128_ps512(d));
 }
 #endif
 
@@ -209,8 +211,7 @@ constexpr ggml_ext_layout16 group_chunk_layout(int G, int c) {
 // Portable codes: four 16-element chunks through the shared decoder.
 template <class Q, bool kOffset>
 struct ChunkCodes {
-  static constexpr int8_t kShift = static_cast<int8_t>(
-      kUnsignedWeights ? weight_zero<Q, kOffset>() - code_center<Q, kOffset>() : -code_center<Q, kOffset>());
+  static constexpr int8_t kShift = static_cast<int8_t>(-code_center<Q, kOffset>());
   vi8x16 table = codebook_table(Q::layout(0).codebook);
 
   template <int G, int C>
@@ -230,7 +231,7 @@ struct ChunkCodes {
 
 #if defined(__AVX512VNNI__) && defined(__AVX512VBMI__)
 // AVX-512 VBMI: the group's bytes are gathered by one or two byte permutes from windows of the block, shifted
-// per chunk and masked, all 64 at once, giving the unsigned weight bytes. The permute indices and shift
+// per chunk and masked, all 64 at once, giving the signed codes. The permute indices and shift
 // counts come from the shared layouts, computed once per type and group position.
 struct GroupPlan {
   alignas(64) uint8_t lo_idx[64];
@@ -244,7 +245,7 @@ struct GroupPlan {
   uint8_t lo_mask, hi_mask, hi_pos;
   bool hi_word, has_hi, lo_signed;
   int codebook;
-  int8_t sub;  // what takes the format's unsigned part to code + zc (the centering)
+  int8_t sub;  // what takes the format's unsigned part to the (centered) signed code
 };
 
 template <class Q, bool kOffset>
@@ -290,7 +291,7 @@ constexpr GroupPlan make_group_plan(int G) {
   p.hi_pos = static_cast<uint8_t>(l0.hi_pos);
   p.lo_signed = l0.lo_signed != 0;
   p.codebook = l0.codebook;
-  p.sub = static_cast<int8_t>(l0.zero + code_center<Q, kOffset>() - weight_zero<Q, kOffset>());
+  p.sub = static_cast<int8_t>(l0.zero + code_center<Q, kOffset>());
   return p;
 }
 
@@ -299,11 +300,9 @@ inline constexpr GroupPlan kGroupPlan = make_group_plan<Q, kOffset>(G);
 
 template <class Q, bool kOffset>
 struct PermuteCodes {
-  __m512i table;  // codebook values + 128, in every 128-bit lane
+  __m512i table;  // the codebook, in every 128-bit lane
 
-  PermuteCodes()
-      : table(_mm512_xor_si512(_mm512_broadcast_i32x4((__m128i)codebook_table(Q::layout(0).codebook)),
-                               _mm512_set1_epi8(-128))) {}
+  PermuteCodes() : table(_mm512_broadcast_i32x4((__m128i)codebook_table(Q::layout(0).codebook))) {}
 
   template <int G>
   inline __attribute__((always_inline)) vi8x64 decode(const uint8_t* base) const {
@@ -317,7 +316,7 @@ struct PermuteCodes {
       part = _mm512_permutexvar_epi8(lo_idx, _mm512_maskz_loadu_epi8(p.lo_load, base + p.lo_off));
     }
     if constexpr (p.lo_signed) {
-      return (vi8x64)_mm512_xor_si512(part, _mm512_set1_epi8(-128));  // Q8_0: code + 128
+      return (vi8x64)part;  // Q8_0: the bytes are the codes
     } else {
       part = _mm512_and_si512(_mm512_srlv_epi16(part, _mm512_load_si512(p.lo_shift)), _mm512_set1_epi8(p.lo_mask));
       if constexpr (p.has_hi) {
@@ -497,9 +496,10 @@ struct QuantRowDot {
   inline __attribute__((always_inline)) void step(vi8x64 w, vf32x16 sw, vf32x16 ow, int64_t g) {
     if constexpr (kOffset) ow += sw * static_cast<float>(code_center<Q, kOffset>());
     const ActRecord* rec = tile + g * stride;
+    const vi32x16 bias = weight_bias(w);
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
-      const vf32x16 f = __builtin_convertvector(dot_lanes(w, rec[r]), vf32x16) * load_vec<vf32x16>(rec[r].d);
+      const vf32x16 f = __builtin_convertvector(dot_lanes(w, bias, rec[r]), vf32x16) * scale_lanes(rec[r]);
       acc[r] += f * sw;
       if constexpr (kOffset) acc[r] += ow * load_vec<vf32x16>(tile_sums + (g * stride + r) * kGroupLanes);
     }
@@ -607,8 +607,8 @@ struct ChunkRowDot {
     const ActRecord* rec = tile + g * stride;
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
-      const vf32x4 f = __builtin_convertvector(dot_chunk(w, rec[r].q + 16 * c), vf32x4) *
-                       load_vec<vf32x4>(rec[r].d + 4 * c);
+      const vf32x4 f = __builtin_convertvector(dot_chunk(w, reinterpret_cast<const int8_t*>(rec[r].q) + 16 * c),
+                                               vf32x4) * rec[r].d[c / 2];
       acc[r] += f * sw;
       if constexpr (kOffset) acc[r] += ow * load_vec<vf32x4>(tile_sums + (g * stride + r) * kGroupLanes + 4 * c);
     }
@@ -736,7 +736,7 @@ void forward_tiles(const MatmulArgs& a, int64_t row_bytes, int64_t act_bytes, Do
 template <class Q, bool kOffset>
 void forward_quantized(const MatmulArgs& a) {
   QuantizedRows act;
-  act.resize(a.M, (a.K + kGroup - 1) / kGroup, kUnsignedWeights ? weight_zero<Q, kOffset>() : 0);
+  act.resize(a.M, (a.K + kGroup - 1) / kGroup);
   GGML_EXT_FLOAT_SWITCH(a.x_type, In, {
     const auto* x = static_cast<const typename In::T*>(a.x);
     parallel_for(a.M, std::max<int64_t>(1, 16384 / a.K), [&](int64_t m0, int64_t m1) {
