@@ -195,6 +195,15 @@ ggml_ext::cpu::RopeAngles rope_angles(const RopeParams& p, bool inverse) {
   return a;
 }
 
+RopeExtent rope_extent(const std::vector<mx::array>& inputs, const RopeParams& p) {
+  const auto& x = inputs[0];
+  const int64_t dim = x.shape(-1), heads = x.shape(-2), tokens = x.shape(-3);
+  const int64_t batches = static_cast<int64_t>(x.size()) / (tokens * heads * dim);
+  const int64_t positions_rows = static_cast<int64_t>(inputs[1].size()) / tokens;
+  const int64_t factors_rows = inputs.size() > 2 ? static_cast<int64_t>(inputs[2].size()) / (p.n_dims / 2) : 1;
+  return {dim, heads, tokens, batches, batches / positions_rows, batches / factors_rows};
+}
+
 std::vector<float> rope_ramp(const RopeParams& p) {
   if (p.ext_factor == 0.0f) return {};
   // YaRN's correction range in pair indices, float32 as in the SPEC.

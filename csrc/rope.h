@@ -40,6 +40,14 @@ mx::array rope(const mx::array& x, int offset, const RopeParams& params,
 ggml_ext::cpu::RopeAngles rope_angles(const RopeParams& p, bool inverse);
 std::vector<float> rope_ramp(const RopeParams& p);
 
+// How a non-empty, validated RoPE evaluation's inputs are laid out, for every backend's kernel arguments: x as
+// batches x tokens x heads x dim, and how many consecutive batches share a row of positions / freq_factors.
+struct RopeExtent {
+  int64_t dim, heads, tokens, batches;
+  int64_t batches_per_positions, batches_per_factors;
+};
+RopeExtent rope_extent(const std::vector<mx::array>& inputs, const RopeParams& p);
+
 // Inputs: x (L..., T, H, D), positions (Gp..., T) int32 and optionally freq_factors
 // (Gf..., n_dims/2) float32, where Gp and Gf are leading prefixes of L (the public op
 // has none; vmap over positions or freq_factors adds them): batch index l uses the

@@ -11,10 +11,7 @@ void RoPE::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
   output_shapes(inputs);  // throws on inputs that do not fit (never divide by zero below)
   allocate_like_or_donate(x, out);
   if (out.size() == 0) return;
-  const int64_t dim = x.shape(-1), heads = x.shape(-2), tokens = x.shape(-3);
-  const int64_t batches = x.size() / (tokens * heads * dim);
-  const int64_t positions_rows = positions.size() / tokens;
-  const int64_t factors_rows = has_factors ? inputs[2].size() / (params_.n_dims / 2) : 1;
+  const RopeExtent e = rope_extent(inputs, params_);
   // Lives until the task has run.
   auto ramp = std::make_shared<const std::vector<float>>(rope_ramp(params_));
 
@@ -27,13 +24,13 @@ void RoPE::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
                                positions.data<int32_t>(),
                                has_factors ? inputs[2].data<float>() : nullptr,
                                ramp->empty() ? nullptr : ramp->data(),
-                               batches,
-                               tokens,
-                               heads,
-                               dim,
+                               e.batches,
+                               e.tokens,
+                               e.heads,
+                               e.dim,
                                params_.n_dims,
-                               batches / positions_rows,
-                               batches / factors_rows,
+                               e.batches_per_positions,
+                               e.batches_per_factors,
                                params_.mode == RopeMode::neox,
                                rope_angles(params_, inverse_)};
   enc.dispatch([args, ramp] { ggml_ext::cpu::rope(args); });

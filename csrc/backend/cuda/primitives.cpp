@@ -31,10 +31,7 @@ void RoPE::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
   output_shapes(inputs);  // throws on inputs that do not fit (never divide by zero below)
   auto& enc = cuda::begin(stream(), inputs, out, &x);
   if (out.size() == 0) return;
-  const int64_t dim = x.shape(-1), heads = x.shape(-2), tokens = x.shape(-3);
-  const int64_t batches = x.size() / (tokens * heads * dim);
-  const int64_t positions_rows = positions.size() / tokens;
-  const int64_t factors_rows = has_factors ? inputs[2].size() / (params_.n_dims / 2) : 1;
+  const RopeExtent e = rope_extent(inputs, params_);
   const auto ramp = rope_ramp(params_);
   const float* ramp_data = nullptr;
   if (!ramp.empty()) ramp_data = mx::gpu_ptr<float>(cuda::device_constants(enc, ramp));
@@ -44,13 +41,13 @@ void RoPE::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
                     mx::gpu_ptr<int32_t>(positions),
                     has_factors ? mx::gpu_ptr<float>(inputs[2]) : nullptr,
                     ramp_data,
-                    batches,
-                    tokens,
-                    heads,
-                    dim,
+                    e.batches,
+                    e.tokens,
+                    e.heads,
+                    e.dim,
                     params_.n_dims,
-                    batches / positions_rows,
-                    batches / factors_rows,
+                    e.batches_per_positions,
+                    e.batches_per_factors,
                     angles.theta_scale,
                     angles.freq_scale,
                     angles.mscale,

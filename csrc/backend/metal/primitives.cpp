@@ -74,21 +74,18 @@ void RoPE::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
   output_shapes(inputs);  // throws on inputs that do not fit (never divide by zero below)
   allocate_like_or_donate(x, out);
   if (out.size() == 0) return;
-  const int64_t dim = x.shape(-1), heads = x.shape(-2), tokens = x.shape(-3);
-  const int64_t batches = x.size() / (tokens * heads * dim);
-  const int64_t positions_rows = positions.size() / tokens;
-  const int64_t factors_rows = has_factors ? inputs[2].size() / (params_.n_dims / 2) : 1;
+  const RopeExtent e = rope_extent(inputs, params_);
   if (params_.n_dims * sizeof(float) > 32768) {
     throw std::invalid_argument(cat("[", op, "] n_dims = ", params_.n_dims, " exceeds the Metal kernel's table."));
   }
   const auto angles = rope_angles(params_, inverse_);
   const auto ramp = rope_ramp(params_);
-  const gm::RopeArgs args{checked_u32(tokens, op, "tokens"),
-                          checked_u32(heads, op, "heads"),
-                          checked_u32(dim, op, "head dim"),
+  const gm::RopeArgs args{checked_u32(e.tokens, op, "tokens"),
+                          checked_u32(e.heads, op, "heads"),
+                          checked_u32(e.dim, op, "head dim"),
                           static_cast<uint32_t>(params_.n_dims),
-                          checked_u32(batches / positions_rows, op, "batches"),
-                          checked_u32(batches / factors_rows, op, "batches"),
+                          checked_u32(e.batches_per_positions, op, "batches"),
+                          checked_u32(e.batches_per_factors, op, "batches"),
                           params_.mode == RopeMode::neox ? 1u : 0u,
                           has_factors ? 1u : 0u,
                           ramp.empty() ? 0u : 1u,
@@ -96,7 +93,7 @@ void RoPE::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
                           angles.freq_scale,
                           angles.mscale,
                           angles.sin_sign};
-  const auto plan = gm::plan_rope(metal_dtype_suffix(out.dtype()), checked_u32(batches, op, "batches"), args);
+  const auto plan = gm::plan_rope(metal_dtype_suffix(out.dtype()), checked_u32(e.batches, op, "batches"), args);
   MetalKernel kernel(stream(), plan.kernel);
   kernel.input(x, 0).output(out, 1).input(positions, 2).input(has_factors ? inputs[2] : x, 3);
   if (ramp.empty()) {
