@@ -116,6 +116,19 @@ struct QuantizedRows {
   int64_t at(int64_t row, int64_t group) const { return (row / tile * groups + group) * tile + row % tile; }
 };
 
+// One tile of rows of x as a row dot reads it: group g's records at rec[g * stride + r], its sums likewise.
+struct TileView {
+  const ActRecord* rec;
+  const float* sums;
+  int64_t stride;
+
+  TileView(const QuantizedRows& act, int64_t row0)
+      : rec(act.rec.data() + act.at(row0, 0)), sums(act.sums.data() + act.at(row0, 0) * kGroupLanes),
+        stride(act.tile) {}
+  const ActRecord* records(int64_t g) const { return rec + g * stride; }
+  const float* lane_sums(int64_t g, int r) const { return sums + (g * stride + r) * kGroupLanes; }
+};
+
 template <class Fmt>
 void quantize_activation_row(const typename Fmt::T* x, int64_t K, QuantizedRows& a, int64_t row) {
   for (int64_t k0 = 0; k0 < K; k0 += kActBlock) {
@@ -482,26 +495,21 @@ template <class Q, int MR, bool kOffset>
 struct QuantRowDot {
   using B = typename Q::B;
   vf32x16 acc[MR] = {};
-  const ActRecord* tile;  // the tile's records: group g's rows at tile[g * stride + r]
-  const float* tile_sums;
-  int64_t stride;
+  TileView tile;
   const GroupCodes<Q, kOffset>& codes;
 
   QuantRowDot(const QuantizedRows& act, int64_t row0, const GroupCodes<Q, kOffset>& group_codes)
-      : tile(act.rec.data() + act.at(row0, 0)),
-        tile_sums(act.sums.data() + act.at(row0, 0) * kGroupLanes),
-        stride(act.tile),
-        codes(group_codes) {}
+      : tile(act, row0), codes(group_codes) {}
 
   inline __attribute__((always_inline)) void step(vi8x64 w, vf32x16 sw, vf32x16 ow, int64_t g) {
     if constexpr (kOffset) ow += sw * static_cast<float>(code_center<Q, kOffset>());
-    const ActRecord* rec = tile + g * stride;
+    const ActRecord* rec = tile.records(g);
     const vi32x16 bias = weight_bias(w);
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
       const vf32x16 f = __builtin_convertvector(dot_lanes(w, bias, rec[r]), vf32x16) * scale_lanes(rec[r]);
       acc[r] += f * sw;
-      if constexpr (kOffset) acc[r] += ow * load_vec<vf32x16>(tile_sums + (g * stride + r) * kGroupLanes);
+      if constexpr (kOffset) acc[r] += ow * load_vec<vf32x16>(tile.lane_sums(g, r));
     }
   }
 
@@ -589,28 +597,23 @@ template <class Q, int MR, bool kOffset>
 struct ChunkRowDot {
   using B = typename Q::B;
   vf32x4 acc[MR] = {};
-  const ActRecord* tile;
-  const float* tile_sums;
-  int64_t stride;
+  TileView tile;
   const ChunkCodes<Q, kOffset>& codes;
 
   ChunkRowDot(const QuantizedRows& act, int64_t row0, const ChunkCodes<Q, kOffset>& chunk_codes)
-      : tile(act.rec.data() + act.at(row0, 0)),
-        tile_sums(act.sums.data() + act.at(row0, 0) * kGroupLanes),
-        stride(act.tile),
-        codes(chunk_codes) {}
+      : tile(act, row0), codes(chunk_codes) {}
 
   // Chunk c (0..3) of group g: its 16 centered codes, scale and offset.
   inline __attribute__((always_inline)) void chunk(vi8x16 w, float scale, float offset, int64_t g, int c) {
     const vf32x4 sw = vf32x4{} + scale;
     const vf32x4 ow = vf32x4{} + (offset + scale * static_cast<float>(code_center<Q, kOffset>()));
-    const ActRecord* rec = tile + g * stride;
+    const ActRecord* rec = tile.records(g);
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
       const vf32x4 f = __builtin_convertvector(dot_chunk(w, reinterpret_cast<const int8_t*>(rec[r].q) + 16 * c),
                                                vf32x4) * rec[r].d[c / 2];
       acc[r] += f * sw;
-      if constexpr (kOffset) acc[r] += ow * load_vec<vf32x4>(tile_sums + (g * stride + r) * kGroupLanes + 4 * c);
+      if constexpr (kOffset) acc[r] += ow * load_vec<vf32x4>(tile.lane_sums(g, r) + 4 * c);
     }
   }
 
