@@ -3,12 +3,17 @@ quantized_matmul, against MLX's built-ins and the device-to-device copy bandwidt
 
 Time per op = one evaluated graph of `--graph` independent ops on distinct inputs, divided by their count
 (MLX's per-eval overhead is then shared); `latency_us` is one op evaluated alone. Times are medians over
-rounds in which every contender runs once."""
+rounds in which every contender runs once.
+
+Where outputs live on the GPU (MLX_GGML_EXT_CUDA_MEMORY: device, managed or prefetch; see
+csrc/backend/cuda/launch.h) is read once per process: `--compare-memory` runs the rms_norm, rope and a decode
+matmul case once per policy in child processes, each record naming its policy."""
 
 import argparse
 import ctypes
 import glob
 import os
+import subprocess
 import sys
 
 import mlx.core as mx
@@ -16,6 +21,10 @@ import numpy as np
 
 from common import emit, header, interleaved
 from mlx_ggml_ext import GGMLType, ops, reference
+
+MEMORY_POLICY = os.environ.get("MLX_GGML_EXT_CUDA_MEMORY") or "device"
+MEMORY_POLICIES = ("device", "managed", "prefetch")
+
 
 def graph_of(make, inputs):
     return lambda: [make(x) for x in inputs]
@@ -103,7 +112,7 @@ def bench_rms_norm(args, copy_gbs):
     mlx = lambda x: mx.fast.rms_norm(x, w, 1e-6)
     t = per_op_us({"ours": graph_of(ours, xs), "mlx": graph_of(mlx, xs)}, args.graph, args.rounds)
     moved = 2 * rows * dim * 2
-    emit({"bench": "rms_norm", "shape": [rows, dim], "dtype": "float16", "graph_ops": args.graph,
+    emit({"bench": "rms_norm", "shape": [rows, dim], "dtype": "float16", "graph_ops": args.graph, "memory": MEMORY_POLICY,
           "time_us": t["ours"], "mlx_fast_time_us": t["mlx"], "speedup_vs_mlx_fast": t["mlx"] / t["ours"],
           **roofline_record(moved, t["ours"], copy_gbs),
           "latency_us": latency_us(ours, xs[0], args.rounds), "mlx_fast_latency_us": latency_us(mlx, xs[0], args.rounds)})
@@ -120,7 +129,7 @@ def bench_rope(args, copy_gbs):
         ours = lambda x: ops.rope(x, positions, dim, mode, 10000.0)
         mlx = lambda x: mx.fast.rope(x, dim, traditional=traditional, base=10000.0, scale=1.0, offset=0)
         t = per_op_us({"ours": graph_of(ours, xs), "mlx": graph_of(mlx, xs_mlx)}, args.graph, args.rounds)
-        emit({"bench": "rope", "mode": mode, "shape": [b, tokens, heads, dim], "dtype": "float16",
+        emit({"bench": "rope", "mode": mode, "shape": [b, tokens, heads, dim], "dtype": "float16", "memory": MEMORY_POLICY,
               "graph_ops": args.graph, "time_us": t["ours"], "mlx_fast_time_us": t["mlx"],
               "speedup_vs_mlx_fast": t["mlx"] / t["ours"], **roofline_record(moved, t["ours"], copy_gbs),
               "latency_us": latency_us(ours, xs[0], args.rounds),
@@ -144,6 +153,7 @@ def bench_dequantize(args, copy_gbs):
             t_us = per_op_us({"ours": graph_of(ours, datas)}, graph, args.rounds)
             moved = datas[0].nbytes + rows * k * (4 if out_dtype == mx.float32 else 2)
             record = {"bench": "dequantize", "type": t.name, "shape": [rows, k], "out_dtype": name, "graph_ops": graph,
+                      "memory": MEMORY_POLICY,
                       "time_us": t_us["ours"], **roofline_record(moved, t_us["ours"], copy_gbs)}
             emit(record)
 
@@ -156,15 +166,20 @@ def bench_quantized_matmul(args, copy_gbs):
     prefill (m = 512) in TFLOP/s against MLX's float16 matmul. Every op of a graph has its own weight copy,
     so the weights stream from memory rather than from L2."""
     rng = np.random.default_rng(1)
-    graph = max(4, args.graph // 4)
-    for n, k in ((256, 512), (512, 256)) if args.smoke else ((4096, 14336), (14336, 4096)):
+    graph = max(4, args.graph // 2)
+    shapes = ((256, 512), (512, 256)) if args.smoke else ((4096, 14336), (14336, 4096))
+    types, ms = QMM_TYPES, ([1, 8, 64] if args.smoke else list(range(1, 9)) + [512])
+    if args.quick_matmul:  # the memory-policy comparison: one decode case
+        shapes, types, ms = shapes[1:], types[:1], [1, 8]
+    for n, k in shapes:
         w16 = [mx.random.normal((n, k)).astype(mx.float16) * 0.02 for _ in range(graph)]
         affine = [mx.quantize(w, group_size=64, bits=4) for w in w16]
         mx.eval(w16, affine)
-        for t in QMM_TYPES:
+        for t in types:
             blocks = [random_blocks(t, n, k, rng) for _ in range(graph)]
             mx.eval(blocks)
-            for m in [1, 8, 64] if args.smoke else list(range(1, 9)) + [512]:
+            m1_us = None
+            for m in ms:
                 x = mx.random.normal((m, k)).astype(mx.float16)
                 mx.eval(x)
                 ours = [lambda b=b: ops.quantized_matmul(x, b, t) for b in blocks]
@@ -176,7 +191,12 @@ def bench_quantized_matmul(args, copy_gbs):
                                                                              bits=4) for q, s, b in affine]
                 us = per_op_us(contenders, graph, args.rounds)
                 record = {"bench": "quantized_matmul", "type": t.name, "n": n, "k": k, "m": m, "x_dtype": "float16",
-                          "graph_ops": graph, "time_us": us["ours"], "latency_us": latency_us(ours[0], None, args.rounds)}
+                          "graph_ops": graph, "memory": MEMORY_POLICY, "time_us": us["ours"],
+                          "latency_us": latency_us(ours[0], None, args.rounds)}
+                if m == 1:
+                    m1_us = us["ours"]
+                elif m <= 8 and m1_us:
+                    record["time_vs_m1"] = us["ours"] / m1_us
                 if m > 8:
                     flops = 2 * m * n * k
                     record.update({"tflops": flops / (us["ours"] * 1e-6) / 1e12,
@@ -196,7 +216,16 @@ def main():
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--only", default="rms_norm,rope,dequantize,quantized_matmul")
     p.add_argument("--smoke", action="store_true", help="tiny shapes on any device: checks that the script runs")
+    p.add_argument("--compare-memory", action="store_true",
+                   help="run rms_norm, rope and one decode case under each output-memory policy (child processes)")
+    p.add_argument("--quick-matmul", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.compare_memory:
+        for policy in MEMORY_POLICIES:
+            child = [sys.executable, __file__, "--only", "rms_norm,rope,quantized_matmul", "--quick-matmul",
+                     "--graph", str(args.graph), "--rounds", str(args.rounds)] + (["--smoke"] if args.smoke else [])
+            subprocess.run(child, env={**os.environ, "MLX_GGML_EXT_CUDA_MEMORY": policy}, check=True)
+        return
     if not args.smoke and (mx.default_device() == mx.cpu or not mx.cuda.is_available()):
         raise SystemExit("bench_cuda.py needs MLX's CUDA build and a GPU (--smoke runs tiny shapes anywhere)")
     header()

@@ -34,13 +34,17 @@ mx::array row_contiguous(const mx::array& a, mx::StreamOrDevice s) {
   return mx::contiguous(a, /*allow_col_major=*/false, s);
 }
 
-void allocate_like_or_donate(const mx::array& in, mx::array& out) {
-  if (in.is_donatable() && in.flags().row_contiguous && in.itemsize() == out.itemsize() &&
-      in.size() == out.size()) {
-    out.copy_shared_buffer(in);
-  } else {
-    out.set_data(mx::allocator::malloc(out.nbytes()));
+bool donate(const mx::array& in, mx::array& out) {
+  if (!(in.is_donatable() && in.flags().row_contiguous && in.itemsize() == out.itemsize() &&
+        in.size() == out.size())) {
+    return false;
   }
+  out.copy_shared_buffer(in);
+  return true;
+}
+
+void allocate_like_or_donate(const mx::array& in, mx::array& out) {
+  if (!donate(in, out)) out.set_data(mx::allocator::malloc(out.nbytes()));
 }
 
 const char* gpu_backend() { return MLX_GGML_EXT_GPU_BACKEND; }

@@ -43,6 +43,8 @@ ggml_ext::cpu::FloatType float_type(mx::Dtype dtype);
 // (MLX shares the buffer), a copy for transposed, sliced or broadcast inputs.
 mx::array row_contiguous(const mx::array& a, mx::StreamOrDevice s);
 
+// Gives `out` the input's own buffer when MLX allows donating it (row-contiguous, same size); false if not.
+bool donate(const mx::array& in, mx::array& out);
 // The output buffer for a row-contiguous elementwise-shaped result: the input's own
 // buffer when MLX allows donating it, else a fresh allocation.
 void allocate_like_or_donate(const mx::array& in, mx::array& out);

@@ -67,7 +67,8 @@ class DequantizeArgs(ctypes.Structure):
 
 
 class QuantizedMatmulArgs(ctypes.Structure):
-    _fields_ = [("x", ctypes.c_void_p), ("w", ctypes.c_void_p), ("y", ctypes.c_void_p)] + \
+    _fields_ = [("x", ctypes.c_void_p), ("w", ctypes.c_void_p), ("y", ctypes.c_void_p),
+                ("workspace", ctypes.c_void_p)] + \
                [(n, ctypes.c_int64) for n in ("m", "n", "k", "row_bytes", "batches", "b2", "a2", "ratio2",
                                               "ratio3")] + [("out_f32", ctypes.c_bool)]
 
@@ -231,7 +232,7 @@ def matmul_case(kernels, t, x_type, m, transpose, batch=(1, 1), w_batch=(1, 1), 
     reduce, outs = (n, k) if transpose else (k, n)
     x = stored(rng.standard_normal((b3 * b2, m, reduce)), x_type)
     y = np.zeros((b3 * b2, m, outs), np.float32 if out_f32 or x_type == F32 else NP_TYPES[x_type])
-    args = QuantizedMatmulArgs(ptr(x), ptr(w), ptr(y), m, n, k, w.shape[-1], b3 * b2, b2, a2, b2 // a2, b3 // a3,
+    args = QuantizedMatmulArgs(ptr(x), ptr(w), ptr(y), None, m, n, k, w.shape[-1], b3 * b2, b2, a2, b2 // a2, b3 // a3,
                                out_f32)
     assert kernels.emulated_quantized_matmul(args, int(t), x_type, int(transpose)) == 0
     xs = loaded(x, x_type)

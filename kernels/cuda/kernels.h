@@ -73,6 +73,7 @@ struct QuantizedMatmulArgs {
   const void* x;
   const void* w;
   void* y;
+  void* workspace;  // QuantizedMatmulPlan::workspace_bytes of device scratch (set by the caller), or null
   int64_t m;
   int64_t n;
   int64_t k;
@@ -84,7 +85,15 @@ struct QuantizedMatmulArgs {
   int64_t ratio3;
   bool out_f32;
 };
-// kernel == nullptr for a type id the kernels do not know.
-KernelLaunch quantized_matmul_launch(const QuantizedMatmulArgs& args, int ggml_type, FloatType x_type, bool transpose);
+// What to run for one product: the steps in order on one stream, each with the same argument struct, after
+// the caller has pointed args.workspace at workspace_bytes of device memory (e.g. x quantized by step 0 for
+// the dot products of step 1). steps[0].kernel == nullptr for a type id the kernels do not know.
+struct QuantizedMatmulPlan {
+  static constexpr int kMaxSteps = 2;
+  KernelLaunch steps[kMaxSteps];
+  int64_t workspace_bytes = 0;
+};
+QuantizedMatmulPlan quantized_matmul_plan(const QuantizedMatmulArgs& args, int ggml_type, FloatType x_type,
+                                          bool transpose);
 
 }  // namespace ggml_ext::cuda

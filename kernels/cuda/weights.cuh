@@ -42,7 +42,7 @@ using Weights_bf16 = FloatWeights<uint16_t, bf16_bits_value>;
 
 // make(Weights_<type>{}) for ggml type id `type`: a kernel choice per weight type, from the one type list.
 template <typename Make>
-KernelLaunch with_weights(int type, Make&& make) {
+auto with_weights(int type, Make&& make) -> decltype(make(Weights_f32{})) {
   switch (type) {
 #define GGML_EXT_CUDA_WEIGHTS_CASE(NAME, name, id, qk, bytes) \
   case GGML_EXT_TYPE_##NAME:                                 \

@@ -82,7 +82,16 @@ int emulated_dequantize(kc::DequantizeArgs args, int ggml_type, int out_type) {
 }
 
 int emulated_quantized_matmul(kc::QuantizedMatmulArgs args, int ggml_type, int x_type, int transpose) {
-  return run(kc::quantized_matmul_launch(args, ggml_type, static_cast<kc::FloatType>(x_type), transpose != 0), args);
+  const kc::QuantizedMatmulPlan plan =
+      kc::quantized_matmul_plan(args, ggml_type, static_cast<kc::FloatType>(x_type), transpose != 0);
+  if (!plan.steps[0].kernel) return 1;
+  std::vector<unsigned char> workspace(plan.workspace_bytes + 16, 0xA5);  // garbage, as on a GPU
+  args.workspace = plan.workspace_bytes ? workspace.data() : nullptr;
+  for (const auto& step : plan.steps) {
+    if (!step.kernel) break;
+    if (const int err = run(step, args)) return err;
+  }
+  return 0;
 }
 
 }  // extern "C"

@@ -1,38 +1,135 @@
 #include "csrc/backend/cuda/launch.h"
 
+#include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <unordered_map>
 
+#include "mlx/backend/cuda/allocator.h"
+
 namespace mlx_ggml_ext::cuda {
+namespace {
+
+void check(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) throw std::runtime_error(cat("[mlx_ggml_ext] ", what, ": ", cudaGetErrorString(err)));
+}
+
+// The stream our device buffers go back to the pool on: by the time an array's memory is released, MLX has
+// seen every command that used it complete (it keeps the arrays of a command alive until then).
+cudaStream_t release_stream() {
+  static cudaStream_t stream = [] {
+    cudaStream_t s = nullptr;
+    check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    return s;
+  }();
+  return stream;
+}
+
+// Deleter of a device buffer. MLX may have moved it to managed (or pinned host) memory in the meantime,
+// when the host read the array (its Buffer::raw_ptr does that, freeing our device pointer itself).
+// Errors are ignored: this may run at interpreter exit, after the CUDA context is gone.
+void release_buffer(mx::allocator::Buffer buffer) {
+  auto* buf = static_cast<mx::cu::CudaBuffer*>(buffer.ptr());
+  if (!buf) return;
+  if (buf->data) {
+    if (buf->device >= 0) {
+      cudaFreeAsync(buf->data, release_stream());
+    } else {
+      cudaPointerAttributes attributes{};
+      if (cudaPointerGetAttributes(&attributes, buf->data) == cudaSuccess &&
+          attributes.type == cudaMemoryTypeHost) {
+        cudaFreeHost(buf->data);
+      } else {
+        cudaFree(buf->data);
+      }
+    }
+  }
+  delete buf;
+}
+
+}  // namespace
+
+Memory memory_policy() {
+  static const Memory policy = [] {
+    const char* v = std::getenv("MLX_GGML_EXT_CUDA_MEMORY");
+    if (!v || !*v || std::strcmp(v, "device") == 0) return Memory::device;
+    if (std::strcmp(v, "managed") == 0) return Memory::managed;
+    if (std::strcmp(v, "prefetch") == 0) return Memory::prefetch;
+    throw std::invalid_argument(cat("[mlx_ggml_ext] MLX_GGML_EXT_CUDA_MEMORY must be device, managed or prefetch, "
+                                    "got '", v, "'."));
+  }();
+  return policy;
+}
+
+const char* memory_policy_name() {
+  switch (memory_policy()) {
+    case Memory::device:
+      return "device";
+    case Memory::managed:
+      return "managed";
+    case Memory::prefetch:
+      return "prefetch";
+  }
+  return "?";
+}
+
+void allocate(mx::cu::CommandEncoder& enc, mx::array& a) {
+  const size_t bytes = a.nbytes();
+  const int device = enc.device().cuda_device();
+  if (memory_policy() == Memory::device) {
+    void* data = nullptr;
+    if (bytes) {
+      check(cudaSetDevice(device), "cudaSetDevice");
+      check(cudaMallocAsync(&data, bytes, enc.stream()), "cudaMallocAsync");
+    }
+    a.set_data(mx::allocator::Data(mx::allocator::Buffer(new mx::cu::CudaBuffer{data, bytes, device}), release_buffer));
+    return;
+  }
+  a.set_data(mx::allocator::malloc(bytes));
+  auto* buf = static_cast<mx::cu::CudaBuffer*>(a.buffer().ptr());
+  if (memory_policy() == Memory::prefetch && buf && buf->device < 0 && buf->size) {
+#if CUDART_VERSION >= 13000
+    cudaMemLocation location{};
+    location.type = cudaMemLocationTypeDevice;
+    location.id = device;
+    check(cudaMemPrefetchAsync(buf->data, buf->size, location, 0, enc.stream()), "cudaMemPrefetchAsync");
+#else
+    check(cudaMemPrefetchAsync(buf->data, buf->size, device, enc.stream()), "cudaMemPrefetchAsync");
+#endif
+  }
+}
 
 mx::cu::CommandEncoder& begin(const mx::Stream& stream, const std::vector<mx::array>& inputs, mx::array& out,
                               const mx::array* donor) {
   auto& enc = mx::cu::get_command_encoder(stream);
-  if (donor) {
-    allocate_like_or_donate(*donor, out);
-  } else {
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-  }
+  if (!donor || !donate(*donor, out)) allocate(enc, out);
   for (const auto& in : inputs) enc.set_input_array(in);
   enc.set_output_array(out);
   return enc;
 }
 
-CUfunction driver_function(const void* kernel) {
+CUfunction driver_function(const void* kernel, unsigned shared_bytes) {
   static std::mutex mutex;
-  static std::unordered_map<const void*, CUfunction> functions;
+  static std::unordered_map<const void*, std::pair<CUfunction, unsigned>> functions;  // with its smem limit
   std::lock_guard<std::mutex> lock(mutex);
-  auto it = functions.find(kernel);
-  if (it != functions.end()) return it->second;
   if (!kernel) throw std::runtime_error("[mlx_ggml_ext] internal error: no CUDA kernel for this case.");
-  cudaFunction_t function = nullptr;
-  const cudaError_t err = cudaGetFuncBySymbol(&function, kernel);
-  if (err != cudaSuccess) {
-    throw std::runtime_error(cat("[mlx_ggml_ext] the CUDA kernels of this build cannot run on this GPU (",
-                                 cudaGetErrorString(err), "); it was built for CUDA architectures ",
-                                 MLX_GGML_EXT_CUDA_ARCHITECTURES, "."));
+  auto it = functions.find(kernel);
+  if (it == functions.end()) {
+    cudaFunction_t function = nullptr;
+    const cudaError_t err = cudaGetFuncBySymbol(&function, kernel);
+    if (err != cudaSuccess) {
+      throw std::runtime_error(cat("[mlx_ggml_ext] the CUDA kernels of this build cannot run on this GPU (",
+                                   cudaGetErrorString(err), "); it was built for CUDA architectures ",
+                                   MLX_GGML_EXT_CUDA_ARCHITECTURES, "."));
+    }
+    it = functions.emplace(kernel, std::make_pair(reinterpret_cast<CUfunction>(function), 48u * 1024)).first;
   }
-  return functions[kernel] = reinterpret_cast<CUfunction>(function);
+  if (shared_bytes > it->second.second) {
+    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared_bytes)),
+          "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+    it->second.second = shared_bytes;
+  }
+  return it->second.first;
 }
 
 mx::array device_constants(mx::cu::CommandEncoder& enc, const std::vector<float>& values) {
@@ -40,6 +137,13 @@ mx::array device_constants(mx::cu::CommandEncoder& enc, const std::vector<float>
   mx::array a(values.begin(), mx::Shape{static_cast<int>(values.size())}, mx::float32);
   enc.add_temporary(a);
   return a;
+}
+
+void* scratch(mx::cu::CommandEncoder& enc, int64_t bytes) {
+  mx::array a(mx::Shape{static_cast<int>(bytes)}, mx::uint8, nullptr, {});
+  allocate(enc, a);
+  enc.add_temporary(a);
+  return mx::gpu_ptr<void>(a);
 }
 
 }  // namespace mlx_ggml_ext::cuda

@@ -1,5 +1,5 @@
 // What every eval_gpu of the package does through MLX's CUDA command encoder: register the inputs and the
-// output, give the output memory, and launch a kernel of kernels/cuda (one argument struct by value).
+// output, give the output memory, and launch kernels of kernels/cuda (one argument struct by value).
 #pragma once
 #include <vector>
 
@@ -9,25 +9,42 @@
 
 namespace mlx_ggml_ext::cuda {
 
+// Where outputs and scratch live (MLX_GGML_EXT_CUDA_MEMORY, read once; bench/bench_cuda.py compares them):
+//  - device (default): stream-ordered device memory (cudaMallocAsync on the encoder's stream, returned with
+//    cudaFreeAsync), what MLX's own kernels get from its allocator. MLX's device allocator is not exported,
+//    so these bytes are NOT counted by mx.get_active_memory() / mx.get_peak_memory() or MLX's memory limit.
+//  - managed: MLX's exported allocator::malloc, which hands an extension managed memory; counted by MLX,
+//    but a fresh buffer faults its pages in on first GPU touch, and MLX copies a cached device buffer into
+//    new managed memory (synchronously) before handing it out.
+//  - prefetch: managed, plus an asynchronous prefetch to the GPU on the encoder's stream before the kernel.
+enum class Memory { device, managed, prefetch };
+Memory memory_policy();
+const char* memory_policy_name();
+
+// Gives `a` (no data yet) a.nbytes() of memory by the policy; readable by the host like any MLX array.
+void allocate(mx::cu::CommandEncoder& enc, mx::array& a);
+
 // The encoder of the primitive's stream with every input and the output registered. The output gets
-// `donor`'s buffer when MLX allows donating it (same size, row-contiguous), else memory from MLX's allocator
-// (managed memory for an extension: MLX's device-memory allocator is not exported; counted by MLX, readable
-// from the host).
+// `donor`'s buffer when MLX allows donating it (same size, row-contiguous), else allocate().
 mx::cu::CommandEncoder& begin(const mx::Stream& stream, const std::vector<mx::array>& inputs, mx::array& out,
                               const mx::array* donor = nullptr);
 
 // The driver handle of a kernel compiled into this extension (MLX links its own CUDA runtime, which does not
-// know our kernels), looked up once per kernel. Throws when the kernel cannot run on this GPU.
-CUfunction driver_function(const void* kernel);
+// know our kernels), looked up once per kernel, with its dynamic shared memory limit raised to
+// `shared_bytes` where that exceeds the default 48 KB. Throws when the kernel cannot run on this GPU.
+CUfunction driver_function(const void* kernel, unsigned shared_bytes);
 
 // Launches `launch` (from a kernels/cuda *_launch function) with `args` as its one parameter.
 template <typename Args>
 void launch(mx::cu::CommandEncoder& enc, const ggml_ext::cuda::KernelLaunch& launch, Args args) {
-  enc.add_kernel_node_ex(driver_function(launch.kernel), launch.grid, launch.block, dim3(), launch.shared_bytes,
-                         args);
+  enc.add_kernel_node_ex(driver_function(launch.kernel, launch.shared_bytes), launch.grid, launch.block, dim3(),
+                         launch.shared_bytes, args);
 }
 
 // A small host vector copied into an array the kernel can read; kept alive until the command completes.
 mx::array device_constants(mx::cu::CommandEncoder& enc, const std::vector<float>& values);
+
+// `bytes` of scratch for the kernels of one command, kept alive until it completes.
+void* scratch(mx::cu::CommandEncoder& enc, int64_t bytes);
 
 }  // namespace mlx_ggml_ext::cuda

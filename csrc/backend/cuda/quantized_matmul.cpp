@@ -33,6 +33,7 @@ void QuantizedMatmul::eval_gpu(const std::vector<mx::array>& inputs, mx::array& 
   ggml_ext::cuda::QuantizedMatmulArgs args{mx::gpu_ptr<void>(x),
                                            blocks,
                                            mx::gpu_ptr<void>(out),
+                                           nullptr,
                                            m,
                                            w.shape(2),
                                            row_bytes / ggml_ext_type_size(type_) * ggml_ext_block_size(type_),
@@ -43,7 +44,10 @@ void QuantizedMatmul::eval_gpu(const std::vector<mx::array>& inputs, mx::array& 
                                            b2 / w.shape(1),
                                            b3 / w.shape(0),
                                            out.dtype() == mx::float32 && x.dtype() != mx::float32};
-  cuda::launch(enc, ggml_ext::cuda::quantized_matmul_launch(args, type_, float_type(x.dtype()), transpose_), args);
+  const auto plan = ggml_ext::cuda::quantized_matmul_plan(args, type_, float_type(x.dtype()), transpose_);
+  if (plan.workspace_bytes > 0) args.workspace = cuda::scratch(enc, plan.workspace_bytes);
+  cuda::launch(enc, plan.steps[0], args);  // throws when there is no kernel for this case
+  for (int i = 1; i < plan.kMaxSteps && plan.steps[i].kernel; ++i) cuda::launch(enc, plan.steps[i], args);
 }
 
 }  // namespace mlx_ggml_ext

@@ -1,0 +1,41 @@
+// What the quantized-matmul kernels (matmul_decode.cu, matmul_tiles.cu) share: ggml's batch broadcasting, the
+// output store, x's 16-element chunks, and the entry points quantized_matmul.cu dispatches to.
+#pragma once
+#include "kernels/cuda/weights.cuh"
+
+namespace ggml_ext::cuda {
+
+// Decode: forward products of m <= kDecodeMaxM rows of x. steps[0].kernel == nullptr: not handled here.
+constexpr int kDecodeMaxM = 8;
+QuantizedMatmulPlan decode_plan(const QuantizedMatmulArgs& args, int ggml_type, FloatType x_type);
+// Tiles: any m, forward or transposed.
+QuantizedMatmulPlan tiles_plan(const QuantizedMatmulArgs& args, int ggml_type, FloatType x_type, bool transpose);
+
+__device__ inline int64_t weight_batch(const QuantizedMatmulArgs& a, int64_t z) {
+  const int64_t b3 = z / a.b2, b2 = z % a.b2;
+  return (b3 / a.ratio3) * a.a2 + b2 / a.ratio2;
+}
+
+template <typename T>
+__device__ inline void store_output(const QuantizedMatmulArgs& a, int64_t index, float v) {
+  if (a.out_f32) {
+    static_cast<float*>(a.y)[index] = v;
+  } else {
+    static_cast<T*>(a.y)[index] = from_float<T>(v);
+  }
+}
+
+// 16 elements of a row of x from element 16 * chunk, zero past `length`.
+template <typename T>
+__device__ inline void load_x_chunk(const T* row, int64_t chunk, int64_t length, bool vector, float (&v)[16]) {
+  const T* p = row + chunk * 16;
+  if (vector) {
+    load(p, v);
+    return;
+  }
+  const int64_t valid = length - chunk * 16;
+#pragma unroll
+  for (int j = 0; j < 16; ++j) v[j] = j < valid ? to_float(p[j]) : 0.0f;
+}
+
+}  // namespace ggml_ext::cuda
