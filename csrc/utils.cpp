@@ -31,6 +31,9 @@ ggml_ext::cpu::FloatType float_type(mx::Dtype dtype) {
 }
 
 mx::array row_contiguous(const mx::array& a, mx::StreamOrDevice s) {
+  // An evaluated array already in row-major order needs no node (each node costs the GPU backends several
+  // microseconds of encoding per op); a lazy one's layout is unknown until it is evaluated.
+  if (a.is_available() && a.flags().row_contiguous && a.data_size() == a.size()) return a;
   return mx::contiguous(a, /*allow_col_major=*/false, s);
 }
 

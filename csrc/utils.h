@@ -39,8 +39,8 @@ std::string cat(const Parts&... parts) {
 void check_float_dtype(const mx::array& a, const char* op, const char* arg);
 ggml_ext::cpu::FloatType float_type(mx::Dtype dtype);
 
-// The array with row-major contiguous memory: a no-op node when it already is
-// (MLX shares the buffer), a copy for transposed, sliced or broadcast inputs.
+// The array with row-major contiguous memory: itself when it is evaluated and already is, a no-op node for a
+// lazy array that turns out to be (MLX shares the buffer), a copy for transposed, sliced or broadcast inputs.
 mx::array row_contiguous(const mx::array& a, mx::StreamOrDevice s);
 
 // Gives `out` the input's own buffer when MLX allows donating it (row-contiguous, same size); false if not.

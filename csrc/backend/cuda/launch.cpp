@@ -76,7 +76,8 @@ const char* memory_policy_name() {
 void allocate(mx::cu::CommandEncoder& enc, mx::array& a) {
   const size_t bytes = a.nbytes();
   const int device = enc.device().cuda_device();
-  if (memory_policy() == Memory::device) {
+  // Stream-ordered allocation needs CUDA memory pools (MLX falls back the same way without them).
+  if (memory_policy() == Memory::device && enc.device().memory_pools()) {
     void* data = nullptr;
     if (bytes) {
       check(cudaSetDevice(device), "cudaSetDevice");
