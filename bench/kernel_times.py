@@ -1,0 +1,147 @@
+"""Kernel-only times on the GPU, through Nsight Compute: what the GPU spends in each of our kernels and in MLX's
+own for the same work, without MLX's per-op encoding overhead (which bench_cuda.py's per-op times include).
+
+  ncu --csv --page raw --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
+      python3 kernel_times.py > ncu.csv          # profiles every kernel of one evaluation per case
+  python3 kernel_times.py --parse ncu.csv         # JSON lines: per case, each kernel's time and DRAM GB/s
+
+ncu flushes the caches before each kernel (its default), so the weights and inputs come from DRAM. Each case
+is evaluated once after a warm-up evaluation, inside a profiler range (ncu --profile-from-start off) that
+starts with a marker kernel (a small MLX cumsum, used by no case) so the parser can attribute kernels to cases.
+The run was made with the Nsight Compute of the GPU machine; without it this script has nothing to do."""
+
+import argparse
+import csv
+import json
+import re
+import sys
+
+
+
+
+def cases():
+    import mlx.core as mx
+    import numpy as np
+
+    from mlx_ggml_ext import GGMLType, ops, reference
+
+    rng = np.random.default_rng(0)
+    x = mx.random.normal((4096, 4096)).astype(mx.float16)
+    w = mx.random.normal((4096,)).astype(mx.float16)
+    r = mx.random.normal((1, 2048, 32, 128)).astype(mx.float16)
+    r_mlx = mx.contiguous(r.transpose(0, 2, 1, 3))
+    pos = mx.arange(2048, dtype=mx.int32)
+    mx.eval(x, w, r, r_mlx, pos)
+    out = [
+        ("copy x+0 (MLX) 4096x4096 f16", 2 * x.nbytes, lambda: x + 0),
+        ("rms_norm ours 4096x4096 f16", 2 * x.nbytes, lambda: ops.rms_norm(x, w, 1e-6)),
+        ("rms_norm mx.fast 4096x4096 f16", 2 * x.nbytes, lambda: mx.fast.rms_norm(x, w, 1e-6)),
+        ("rope normal ours 1x2048x32x128 f16", 2 * r.nbytes, lambda: ops.rope(r, pos, 128, "normal", 10000.0)),
+        ("rope normal mx.fast", 2 * r.nbytes,
+         lambda: mx.fast.rope(r_mlx, 128, traditional=True, base=10000.0, scale=1.0, offset=0)),
+        ("rope neox ours 1x2048x32x128 f16", 2 * r.nbytes, lambda: ops.rope(r, pos, 128, "neox", 10000.0)),
+        ("rope neox mx.fast", 2 * r.nbytes,
+         lambda: mx.fast.rope(r_mlx, 128, traditional=False, base=10000.0, scale=1.0, offset=0)),
+    ]
+    for n, k in ((14336, 4096), (4096, 14336)):
+        w16 = (mx.random.normal((n, k)) * 0.02).astype(mx.float16)
+        q, s, b = mx.quantize(w16, group_size=64, bits=4)
+        mx.eval(w16, q, s, b)
+        for m in (1, 8):
+            xm = mx.random.normal((m, k)).astype(mx.float16)
+            mx.eval(xm)
+            out.append((f"mlx affine4 {n}x{k} m={m}", q.nbytes + s.nbytes + b.nbytes,
+                        lambda xm=xm, q=q, s=s, b=b: mx.quantized_matmul(xm, q, s, b, transpose=True,
+                                                                      group_size=64, bits=4)))
+        for t in (GGMLType.Q4_0, GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0):
+            blocks = mx.array(reference.random_blocks(rng, t.name, n, k))
+            mx.eval(blocks)
+            for m in (1, 2, 4, 8, 512):
+                xm = mx.random.normal((m, k)).astype(mx.float16)
+                mx.eval(xm)
+                moved = blocks.nbytes if m <= 8 else 2 * m * n * k  # bytes, or flops for prefill
+                out.append((f"{t.name} {n}x{k} m={m}", moved,
+                            lambda xm=xm, blocks=blocks, t=t: ops.quantized_matmul(xm, blocks, t)))
+        x512 = mx.random.normal((512, k)).astype(mx.float16)
+        mx.eval(x512)
+        out.append((f"mlx fp16 matmul {n}x{k} m=512", 2 * 512 * n * k, lambda x512=x512, w16=w16: x512 @ w16.T))
+    return out
+
+
+MARK = re.compile(r"scan", re.IGNORECASE)
+
+
+def profiler():
+    import ctypes
+    import glob
+    import os
+
+    names = ["libcudart.so", "libcudart.so.13", "libcudart.so.12"]
+    for site in sys.path:
+        names += sorted(glob.glob(os.path.join(site, "nvidia", "*", "lib", "libcudart.so*")))
+    for name in names:
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            continue
+    raise SystemExit("no CUDA runtime library found for cudaProfilerStart")
+
+
+def run_cases():
+    import mlx.core as mx
+
+    cuda = profiler()
+    marker = mx.ones((1000,))
+    mx.eval(marker)
+    for name, _, make in cases():
+        mx.eval(make())  # warm-up: first-use costs stay outside the profiled range
+        mx.eval(mx.cumsum(marker))
+        mx.synchronize()
+        cuda.cudaProfilerStart()
+        mx.eval(mx.cumsum(marker))
+        mx.synchronize()
+        mx.eval(make())
+        mx.synchronize()
+        cuda.cudaProfilerStop()
+        print(f"profiled: {name}", file=sys.stderr, flush=True)
+
+
+def parse(path):
+    """One JSON line per case: its kernels (those after its marker), their summed time and DRAM traffic."""
+    names = [(n, moved) for n, moved, _ in cases()]
+    with open(path) as f:
+        lines = [l for l in f if l.startswith('"')]
+    groups = []
+    for row in csv.DictReader(lines):
+        try:
+            kernel = row["Kernel Name"]
+            ns = float(row["gpu__time_duration.sum"])
+            nbytes = float(row["dram__bytes_read.sum"]) + float(row["dram__bytes_write.sum"])
+        except (KeyError, ValueError):
+            continue  # the units row
+        if MARK.search(kernel):
+            groups.append([])
+        elif groups:
+            groups[-1].append((kernel, ns, nbytes))
+    if len(groups) != len(names):
+        print(json.dumps({"bench": "kernel_time", "error": f"{len(groups)} marked ranges for {len(names)} cases"}))
+    for (name, moved), group in zip(names, groups):
+        ns = sum(g[1] for g in group)
+        nbytes = sum(g[2] for g in group)
+        rec = {"bench": "kernel_time", "case": name, "kernels": [g[0][:80] for g in group], "gpu_us": ns / 1e3,
+               "dram_gbs": nbytes / ns if ns else None}
+        if "m=512" in name:
+            rec["tflops"] = moved / ns / 1e3 if ns else None
+        else:
+            rec["required_bytes_gbs"] = moved / ns if ns else None
+        print(json.dumps(rec))
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--parse", metavar="NCU_CSV")
+    a = p.parse_args()
+    if a.parse:
+        parse(a.parse)
+    else:
+        run_cases()
