@@ -96,6 +96,32 @@ def test_no_less_accurate_than_ggmls_cpu_scheme(t):
     assert ours <= 1.1 * theirs, f"{t.name}: ours {ours:.3e}, ggml's scheme {theirs:.3e}"
 
 
+@pytest.mark.parametrize("t", [GGMLType.Q4_0, GGMLType.Q4_K, GGMLType.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("transpose", [False, True], ids=["forward", "x_grad"])
+def test_never_materializes_the_dequantized_weight(t, transpose):
+    """Peak memory while the op (or x's gradient, the transposed product) runs stays below the packed weight
+    plus the output and x; the dequantized float32 matrix alone would be 6-8x the packed weight."""
+    rng = np.random.default_rng(3)
+    n, k, m = 2048, 4096, 4
+    w = mx.array(reference.random_blocks(rng, t.name, n, k))
+    x = random_x(rng, (m, n if transpose else k), mx.float32)
+    mx.eval(w, x)
+    mx.synchronize()
+    mx.clear_cache()
+    base = mx.get_active_memory()
+    mx.reset_peak_memory()
+    if transpose:
+        _, (g,) = mx.vjp(lambda v: ops.quantized_matmul(v, w, t), [random_x(rng, (m, k), mx.float32)], [x])
+        y = g
+    else:
+        y = ops.quantized_matmul(x, w, t)
+    mx.eval(y)
+    mx.synchronize()
+    extra = mx.get_peak_memory() - base
+    dense = n * k * 4
+    assert extra <= w.nbytes + 2 * y.nbytes + 2 * x.nbytes + (1 << 20), (extra, w.nbytes, dense)
+
+
 @pytest.mark.parametrize("t", [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q8_0, GGMLType.Q4_K,
                                GGMLType.Q6_K, GGMLType.IQ4_NL, GGMLType.MXFP4, GGMLType.F16], ids=lambda t: t.name)
 def test_every_cpu_kernel_variant(cpu_isa, t):
