@@ -106,19 +106,28 @@ def run_cases():
         print(f"profiled: {name}", file=sys.stderr, flush=True)
 
 
+SCALE = {"ns": 1, "us": 1e3, "usecond": 1e3, "ms": 1e6, "msecond": 1e6, "nsecond": 1,
+         "byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9}
+
+
+def number(text):
+    return float(text.replace(",", ""))  # ncu writes thousands separators
+
+
 def parse(path):
     """One JSON line per case: its kernels (those after its marker), their summed time and DRAM traffic."""
     names = [(n, moved) for n, moved, _ in cases()]
     with open(path) as f:
         lines = [l for l in f if l.startswith('"')]
-    groups = []
+    groups, units = [], None
     for row in csv.DictReader(lines):
-        try:
-            kernel = row["Kernel Name"]
-            ns = float(row["gpu__time_duration.sum"])
-            nbytes = float(row["dram__bytes_read.sum"]) + float(row["dram__bytes_write.sum"])
-        except (KeyError, ValueError):
-            continue  # the units row
+        if units is None:  # the first row holds each column's unit
+            units = {k: SCALE.get(v, 1) for k, v in row.items()}
+            continue
+        kernel = row["Kernel Name"]
+        ns = number(row["gpu__time_duration.sum"]) * units["gpu__time_duration.sum"]
+        nbytes = (number(row["dram__bytes_read.sum"]) * units["dram__bytes_read.sum"] +
+                  number(row["dram__bytes_write.sum"]) * units["dram__bytes_write.sum"])
         if MARK.search(kernel):
             groups.append([])
         elif groups:
