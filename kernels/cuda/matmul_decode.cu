@@ -1,11 +1,258 @@
+// Decode (forward, m <= 8 rows of x): the weight is streamed once, at memory speed, with integer dot products.
+//
+// Quantized weights, two steps (decode_plan):
+//   0. quantize_x: each 32 elements of every row of x become 32 int8 codes (scale d = amax / 127, rounded half
+//      away from zero: ggml's Q8_0 with a float32 scale) plus a record {d, the code sums of both 16-element
+//      halves}; codes contiguous per row (the dot reads 16 bytes at a time), records apart. Workspace.
+//   1. dot: a warp owns R weight rows and walks them in segments of 128 x-blocks (4096 elements). Each
+//      segment of each row is copied into the warp's shared memory with the widest loads the row's alignment
+//      allows (16 bytes for every benchmarked shape; rows are contiguous, so the warp's loads are too), then
+//      each lane decodes 4 x-blocks of it (decode_formats.cuh: ggml blocks are only 2-byte aligned, so fields
+//      are read from shared memory as aligned words and funnel shifts) and takes __dp4a products with x's
+//      codes, which it loads once for all R rows (read-only path; x is small and stays in L1/L2). Scales are
+//      applied per x-block in float32; the lanes' sums meet in a shuffle reduction.
+// Error: x's codes are ggml's Q8_0 ones with an unrounded scale (ggml's K-quants use coarser Q8_K per 256),
+// and the offset terms use d * sum(codes) as ggml's Q8_1 does, so the result is never less accurate than
+// ggml's own scheme.
+//
+// Float weights (F32/F16/BF16) keep the float kernel (decode_float_kernel): a warp per row, 16-element chunks.
+#include "kernels/cuda/decode_formats.cuh"
 #include "kernels/cuda/matmul_common.cuh"
+
 namespace ggml_ext::cuda {
 namespace {
-constexpr int kDecodeRows = 8;
+
+// ------------------------------------------------------------------------------------------------ step 0
+
+constexpr int kQuantizeThreads = 256;  // 8 threads per 32-element x-block, 4 elements each
+
+// The workspace: codes (rows * k bytes), then one record per x-block.
+struct XRecord {
+  float d;
+  int sums;  // low 16 bits: sum of the codes of elements 0..15, high 16 bits: of 16..31 (each |sum| <= 2032)
+};
+inline int64_t x_rows(const QuantizedMatmulArgs& a) { return a.batches * a.m; }
+__host__ __device__ inline int64_t records_offset(const QuantizedMatmulArgs& a) {
+  return (a.batches * a.m * a.k + 15) / 16 * 16;
+}
+
+__device__ __forceinline__ float nan_max(float a, float b) { return (b > a || b != b) ? b : a; }  // NaN wins
+
+template <typename T>
+__global__ void __launch_bounds__(kQuantizeThreads) quantize_x_kernel(QuantizedMatmulArgs a) {
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kQuantizeThreads + threadIdx.x;
+  const int64_t xb = t / 8, blocks = a.batches * a.m * (a.k / 32);
+  const int part = static_cast<int>(t % 8);
+  const bool valid = xb < blocks;  // no early exit: the 8 threads of an x-block shuffle together
+  // Rows of x are contiguous and k % 32 == 0: x-block xb is elements [32 xb, 32 xb + 32) of x.
+  const T* src = static_cast<const T*>(a.x) + (valid ? xb : 0) * 32 + part * 4;
+  float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  if (valid) {
+    if (aligned(a.x, 4 * sizeof(T))) {
+      load(src, v);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) v[j] = to_float(src[j]);
+    }
+  }
+  float amax = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) amax = nan_max(amax, fabsf(v[j]));
+#pragma unroll
+  for (int offset = 1; offset < 8; offset <<= 1) amax = nan_max(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
+  const float d = amax / 127.0f;
+  const float inv = d > 0.0f && d <= 3.402823466e38f ? 1.0f / d : 0.0f;  // 0 for NaN/inf: the result stays so
+  uint32_t packed = 0;
+  int sum = 0;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int q = static_cast<int>(roundf(v[j] * inv));  // |q| <= 127
+    sum += q;
+    packed |= (static_cast<uint32_t>(q) & 0xFFu) << (8 * j);
+  }
+  // Code sums of the halves (parts 0..3 and 4..7): exact in float.
+  float half = static_cast<float>(sum);
+  half += __shfl_xor_sync(0xffffffffu, half, 1);
+  half += __shfl_xor_sync(0xffffffffu, half, 2);
+  const float other = __shfl_xor_sync(0xffffffffu, half, 4);
+  if (!valid) return;
+  uint8_t* ws = static_cast<uint8_t*>(a.workspace);
+  reinterpret_cast<uint32_t*>(ws + xb * 32)[part] = packed;
+  if (part == 0) {
+    const int s0 = static_cast<int>(half), s1 = static_cast<int>(other);
+    reinterpret_cast<XRecord*>(ws + records_offset(a))[xb] = XRecord{d, (s0 & 0xFFFF) | (s1 << 16)};
+  }
+}
+
+// ------------------------------------------------------------------------------------------------ step 1
+
+// Rows per warp (R) and warps per block by the rows of x the kernel is built for (MB): more weight rows per
+// lane share each load of x's codes as m grows. A segment is 32 * L x-blocks of each of the R rows (L = 4 for one
+// row, 2 for several: 2-4 KB per row and warp, all loads in flight together).
+template <int MB>
+constexpr int rows_per_warp() { return MB <= 1 ? 1 : MB <= 4 ? 2 : 4; }
+template <int MB>
+constexpr int warps_per_block() { return rows_per_warp<MB>() >= 4 ? 2 : 4; }
+
+template <class F, int R>
+struct Seg {
+  static constexpr int kLaneXBlocks = R == 1 ? 4 : 2;  // x-blocks per lane and segment
+  static constexpr int kXBlocks = 32 * kLaneXBlocks;
+  // Bytes of a full segment (whole blocks; a multiple of 16, so every segment starts 16-byte aligned in its row
+  // when the row does), and the staging buffer in uint4s, padded for sh_words' read past the end.
+  static constexpr int kBytes = kXBlocks * 32 / F::kQK * static_cast<int>(sizeof(typename F::Block));
+  static constexpr int kWords = kBytes / 16 + 1;
+  static_assert(kXBlocks * 32 % F::kQK == 0 && kBytes % 16 == 0, "segments of whole blocks, 16-byte aligned");
+};
+
+// Copies `bytes` bytes (a multiple of sizeof(W)) from global memory into shared memory, a warp's lanes
+// taking consecutive words. 16-byte words: all loads issued before the stores (up to kMax per lane in flight).
+template <typename W, int kMax>
+__device__ __forceinline__ void stage_copy(const uint8_t* src, uint8_t* dst, int bytes, int lane) {
+  const W* s = reinterpret_cast<const W*>(src);
+  W* d = reinterpret_cast<W*>(dst);
+  const int words = bytes / static_cast<int>(sizeof(W));
+  if constexpr (kMax > 0) {
+    W buf[kMax];
+#pragma unroll
+    for (int i = 0; i < kMax; ++i)
+      if (lane + 32 * i < words) buf[i] = __ldg(s + lane + 32 * i);
+#pragma unroll
+    for (int i = 0; i < kMax; ++i)
+      if (lane + 32 * i < words) d[lane + 32 * i] = buf[i];
+  } else {
+#pragma unroll 4
+    for (int i = lane; i < words; i += 32) d[i] = __ldg(s + i);
+  }
+}
+
+template <class F, int R>
+__device__ __forceinline__ void stage_rows(const uint8_t* const (&rows)[R], int64_t offset, int bytes,
+                                           uint4 (*stage)[Seg<F, R>::kWords], int width, int lane) {
+  constexpr int kMax = (Seg<F, R>::kBytes / 16 + 31) / 32;
+  if (width == 16) {
+    // Every row's loads before any store, so R * kMax loads are in flight.
+    uint4 buf[R][kMax];
+    const int words = bytes / 16;
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int i = 0; i < kMax; ++i)
+        if (lane + 32 * i < words) buf[r][i] = __ldg(reinterpret_cast<const uint4*>(rows[r] + offset) + lane + 32 * i);
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int i = 0; i < kMax; ++i)
+        if (lane + 32 * i < words) stage[r][lane + 32 * i] = buf[r][i];
+    return;
+  }
+  // Rows not 16-byte aligned (e.g. 18-byte blocks, an odd count per row): narrower words, never a misread.
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    uint8_t* dst = reinterpret_cast<uint8_t*>(stage[r]);
+    const uint8_t* src = rows[r] + offset;
+    if (width == 8) {
+      stage_copy<uint2, 0>(src, dst, bytes, lane);
+    } else if (width == 4) {
+      stage_copy<uint32_t, 0>(src, dst, bytes, lane);
+    } else if (width == 2) {
+      stage_copy<uint16_t, 0>(src, dst, bytes, lane);
+    } else {
+      stage_copy<uint8_t, 0>(src, dst, bytes, lane);
+    }
+  }
+}
+
+__device__ __forceinline__ decode::XBlock load_x(const uint8_t* codes, const XRecord* records, int64_t xb) {
+  decode::XBlock x;
+  const uint4* c = reinterpret_cast<const uint4*>(codes + xb * 32);
+  x.lo = __ldg(c);
+  x.hi = __ldg(c + 1);
+  const int2 rec = __ldg(reinterpret_cast<const int2*>(records + xb));
+  x.d = __int_as_float(rec.x);
+  x.s0 = static_cast<int>(static_cast<int16_t>(rec.y & 0xFFFF));
+  x.s1 = rec.y >> 16;
+  return x;
+}
+
+template <class F, int MB, typename T>
+__global__ void __launch_bounds__(warps_per_block<MB>() * 32) decode_dot_kernel(QuantizedMatmulArgs a) {
+  constexpr int R = rows_per_warp<MB>(), kWarps = warps_per_block<MB>();
+  using S = Seg<F, R>;
+  __shared__ uint4 stage_all[kWarps][R][S::kWords];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t n0 = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * R;
+  if (n0 >= a.n) return;  // the whole warp: only __syncwarp below
+  const int64_t z = blockIdx.y;
+  const int m = static_cast<int>(a.m);
+  const int64_t xblocks = a.k / 32;
+  const uint8_t* rows[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {  // rows past n read the last row and store nothing
+    const int64_t n = n0 + r < a.n ? n0 + r : a.n - 1;
+    rows[r] = static_cast<const uint8_t*>(a.w) + (weight_batch(a, z) * a.n + n) * a.row_bytes;
+  }
+  // The widest word (16 bytes at most) that divides the weight's base address and row length.
+  const uint64_t align_bits = reinterpret_cast<uintptr_t>(a.w) | static_cast<uint64_t>(a.row_bytes) | 16u;
+  const int width = static_cast<int>(align_bits & (~align_bits + 1));
+  const uint8_t* codes = static_cast<const uint8_t*>(a.workspace) + z * a.m * a.k;
+  const XRecord* records =
+      reinterpret_cast<const XRecord*>(static_cast<const uint8_t*>(a.workspace) + records_offset(a)) +
+      z * a.m * xblocks;
+  uint4 (*stage)[S::kWords] = stage_all[warp];
+  const typename F::Context ctx;
+
+  float acc[R][MB] = {};
+  for (int64_t xb0 = 0; xb0 < xblocks; xb0 += S::kXBlocks) {
+    const int64_t offset = xb0 * 32 / F::kQK * static_cast<int64_t>(sizeof(typename F::Block));
+    const int64_t left = a.row_bytes - offset;
+    const int bytes = static_cast<int>(left < S::kBytes ? left : S::kBytes);
+    stage_rows<F, R>(rows, offset, bytes, stage, width, lane);
+    __syncwarp();
+    const int seg_xblocks = static_cast<int>(xblocks - xb0 < S::kXBlocks ? xblocks - xb0 : S::kXBlocks);
+    // Independent x-blocks interleaved when registers allow (one row of each); else one at a time.
+    constexpr int kUnroll = R * MB <= 2 ? S::kLaneXBlocks : 1;
+#pragma unroll kUnroll
+    for (int p = 0; p < S::kLaneXBlocks; ++p) {
+      const int g = lane + 32 * p;
+      if (g < seg_xblocks) {
+        decode::Sub w[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) F::load(ctx, reinterpret_cast<const uint8_t*>(stage[r]), g, w[r]);
+#pragma unroll
+        for (int i = 0; i < MB; ++i) {
+          if (i < m) {
+            const decode::XBlock x = load_x(codes + i * a.k, records + i * xblocks, xb0 + g);
+#pragma unroll
+            for (int r = 0; r < R; ++r) acc[r][i] += decode::sub_dot<F>(w[r], x);
+          }
+        }
+      }
+    }
+    __syncwarp();  // the stage is rewritten next
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int i = 0; i < MB; ++i) {
+      if (i < m) {
+        const float sum = warp_sum(acc[r][i]);
+        if (lane == (r * MB + i) % 32 && n0 + r < a.n) store_output<T>(a, (z * a.m + i) * a.n + n0 + r, sum);
+      }
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------------ float
+
+constexpr int kFloatRows = 8;  // warps per block, one weight row each
+
+// Float weights (and any weight whose rows do not split into 32-element x-blocks): a warp per row, each lane
+// 16-element chunks decoded to float and multiplied with x in float32.
 template <typename Weights, typename T>
-__global__ void __launch_bounds__(kDecodeRows * 32) decode_kernel(QuantizedMatmulArgs a) {
+__global__ void __launch_bounds__(kFloatRows * 32) decode_float_kernel(QuantizedMatmulArgs a) {
   const int lane = threadIdx.x % 32;
-  const int64_t n = static_cast<int64_t>(blockIdx.x) * kDecodeRows + threadIdx.x / 32;
+  const int64_t n = static_cast<int64_t>(blockIdx.x) * kFloatRows + threadIdx.x / 32;
   const int64_t z = blockIdx.y;
   if (n >= a.n) return;  // the whole warp
   const uint8_t* row = static_cast<const uint8_t*>(a.w) + (weight_batch(a, z) * a.n + n) * a.row_bytes;
@@ -37,20 +284,94 @@ __global__ void __launch_bounds__(kDecodeRows * 32) decode_kernel(QuantizedMatmu
     }
   }
 }
+
+// ------------------------------------------------------------------------------------------------ plans
+
 template <typename T, typename Weights>
-QuantizedMatmulPlan plan_for(const QuantizedMatmulArgs& a) {
+QuantizedMatmulPlan float_plan(const QuantizedMatmulArgs& a) {
   QuantizedMatmulPlan p;
   KernelLaunch& l = p.steps[0];
-  l.kernel = reinterpret_cast<const void*>(&decode_kernel<Weights, T>);
-  l.grid = dim3(ceil_div(a.n, kDecodeRows), static_cast<unsigned>(a.batches));
-  l.block = dim3(kDecodeRows * 32);
+  l.kernel = reinterpret_cast<const void*>(&decode_float_kernel<Weights, T>);
+  l.grid = dim3(ceil_div(a.n, kFloatRows), static_cast<unsigned>(a.batches));
+  l.block = dim3(kFloatRows * 32);
   return p;
 }
+
+template <class F, int MB, typename T>
+void set_dot_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
+  constexpr int kRowsPerBlock = rows_per_warp<MB>() * warps_per_block<MB>();
+  l.kernel = reinterpret_cast<const void*>(&decode_dot_kernel<F, MB, T>);
+  l.grid = dim3(ceil_div(a.n, kRowsPerBlock), static_cast<unsigned>(a.batches));
+  l.block = dim3(warps_per_block<MB>() * 32);
+}
+
+template <typename T, class F>
+QuantizedMatmulPlan dot_plan(const QuantizedMatmulArgs& a) {
+  QuantizedMatmulPlan p;
+  KernelLaunch& q = p.steps[0];
+  q.kernel = reinterpret_cast<const void*>(&quantize_x_kernel<T>);
+  q.grid = dim3(ceil_div(x_rows(a) * (a.k / 32) * 8, kQuantizeThreads));
+  q.block = dim3(kQuantizeThreads);
+  KernelLaunch& d = p.steps[1];
+  if (a.m <= 1) {
+    set_dot_step<F, 1, T>(d, a);
+  } else if (a.m <= 2) {
+    set_dot_step<F, 2, T>(d, a);
+  } else if (a.m <= 4) {
+    set_dot_step<F, 4, T>(d, a);
+  } else {
+    set_dot_step<F, 8, T>(d, a);
+  }
+  p.workspace_bytes = records_offset(a) + x_rows(a) * (a.k / 32) * static_cast<int64_t>(sizeof(XRecord));
+  return p;
+}
+
+// The integer-dot format of a ggml type id (nullptr_t: none).
+template <typename Make>
+QuantizedMatmulPlan with_format(int type, Make&& make) {
+  switch (type) {
+    case GGML_EXT_TYPE_Q4_0: return make(decode::FmtQ4_0{});
+    case GGML_EXT_TYPE_Q4_1: return make(decode::FmtQ4_1{});
+    case GGML_EXT_TYPE_Q5_0: return make(decode::FmtQ5_0{});
+    case GGML_EXT_TYPE_Q5_1: return make(decode::FmtQ5_1{});
+    case GGML_EXT_TYPE_Q8_0: return make(decode::FmtQ8_0{});
+    case GGML_EXT_TYPE_Q2_K: return make(decode::FmtQ2_K{});
+    case GGML_EXT_TYPE_Q3_K: return make(decode::FmtQ3_K{});
+    case GGML_EXT_TYPE_Q4_K: return make(decode::FmtQ4_K{});
+    case GGML_EXT_TYPE_Q5_K: return make(decode::FmtQ5_K{});
+    case GGML_EXT_TYPE_Q6_K: return make(decode::FmtQ6_K{});
+    case GGML_EXT_TYPE_IQ4_NL: return make(decode::FmtIQ4_NL{});
+    case GGML_EXT_TYPE_IQ4_XS: return make(decode::FmtIQ4_XS{});
+    case GGML_EXT_TYPE_MXFP4: return make(decode::FmtMXFP4{});
+    default: return {};
+  }
+}
+
 }  // namespace
+
 QuantizedMatmulPlan decode_plan(const QuantizedMatmulArgs& args, int ggml_type, FloatType x_type) {
-  GGML_EXT_CUDA_FLOAT_SWITCH(x_type, kType, return with_weights(ggml_type, [&](auto weights) {
-    return plan_for<typename Storage<kType>::type, decltype(weights)>(args);
-  }));
+  if (args.m < 1 || args.m > kDecodeMaxM) return {};
+  // Quantized weights whose rows split into whole 32-element x-blocks: the integer dot products.
+  if (args.k % 32 == 0 && args.k > 0 && args.n > 0) {
+    GGML_EXT_CUDA_FLOAT_SWITCH(x_type, kType, {
+      const QuantizedMatmulPlan p = with_format(ggml_type, [&](auto format) {
+        return dot_plan<typename Storage<kType>::type, decltype(format)>(args);
+      });
+      if (p.steps[0].kernel) return p;
+      break;
+    });
+  }
+  // Float weights: the float kernel (quantized ones always take the path above: k is a multiple of 32).
+  GGML_EXT_CUDA_FLOAT_SWITCH(x_type, kType, {
+    using T = typename Storage<kType>::type;
+    switch (ggml_type) {
+      case GGML_EXT_TYPE_F32: return float_plan<T, Weights_f32>(args);
+      case GGML_EXT_TYPE_F16: return float_plan<T, Weights_f16>(args);
+      case GGML_EXT_TYPE_BF16: return float_plan<T, Weights_bf16>(args);
+      default: return {};
+    }
+  });
   return {};
 }
+
 }  // namespace ggml_ext::cuda

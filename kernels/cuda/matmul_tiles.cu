@@ -1,3 +1,6 @@
+// Tiles (prefill, and the transposed product of the vjp): 64x64 outputs per block, the weight decoded 32
+// reduction steps at a time into shared memory in x's type, then tensor cores (WMMA, float32 accumulation)
+// for float16/bfloat16 x, or float32 FMAs for float32 x (no precision lost to the inputs).
 #include "kernels/cuda/matmul_common.cuh"
 // Tensor cores (WMMA, bfloat16 included) under nvcc for sm_80 and newer (and in the host emulation of
 // tests/cuda_emulation, which supplies the API); for an older target a build asks for, float32 FMAs.
@@ -12,7 +15,7 @@
 namespace ggml_ext::cuda {
 namespace {
 constexpr int kTileM = 64, kTileOut = 64, kTileReduce = 32, kTileThreads = 128;
-constexpr int kPadX = 8, kPadW = 8, kPadOut = 4;
+constexpr int kPadX = 8, kPadW = 8, kPadOut = 4;  // keep WMMA's 32-byte row alignment, spread the banks
 template <typename T>
 using XTile = T[kTileM][kTileReduce + kPadX];
 template <typename T>

@@ -88,3 +88,42 @@ inline void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 16, 
     for (int j = 0; j < 16; ++j) p[i * ldm + j] = f.x[i][j];
 }
 }  // namespace nvcuda::wmma
+
+// ---- decode kernels' intrinsics
+// __syncwarp: a shuffle is a barrier of the warp's 32 threads (every decode kernel calls it with whole warps).
+inline void __syncwarp(unsigned = 0xffffffffu) { ggml_ext_emulated_shuffle_xor(0.0f, 0); }
+template <typename T>
+inline T __ldg(const T* p) { return *p; }
+inline int __float_as_int(float f) {
+  int i;
+  std::memcpy(&i, &f, 4);
+  return i;
+}
+inline float __int_as_float(int i) {
+  float f;
+  std::memcpy(&f, &i, 4);
+  return f;
+}
+// Signed 4-way byte dot product plus c.
+inline int __dp4a(int a, int b, int c) {
+  for (int j = 0; j < 4; ++j) c += static_cast<int8_t>(a >> (8 * j)) * static_cast<int8_t>(b >> (8 * j));
+  return c;
+}
+// (hi:lo) >> (shift & 31), low 32 bits.
+inline uint32_t __funnelshift_r(uint32_t lo, uint32_t hi, uint32_t shift) {
+  const uint64_t v = (static_cast<uint64_t>(hi) << 32) | lo;
+  return static_cast<uint32_t>(v >> (shift & 31u));
+}
+// PTX prmt (default mode): byte k of the result is byte (s >> 4k) & 7 of {y:x}, or its sign replicated when
+// bit 3 of that selector is set.
+inline uint32_t __byte_perm(uint32_t x, uint32_t y, uint32_t s) {
+  const uint64_t v = (static_cast<uint64_t>(y) << 32) | x;
+  uint32_t r = 0;
+  for (int k = 0; k < 4; ++k) {
+    const uint32_t sel = (s >> (4 * k)) & 0xFu;
+    uint32_t byte = static_cast<uint32_t>(v >> (8 * (sel & 7u))) & 0xFFu;
+    if (sel & 8u) byte = (byte & 0x80u) ? 0xFFu : 0u;
+    r |= byte << (8 * k);
+  }
+  return r;
+}

@@ -140,11 +140,17 @@ mx::array device_constants(mx::cu::CommandEncoder& enc, const std::vector<float>
   return a;
 }
 
-void* scratch(mx::cu::CommandEncoder& enc, int64_t bytes) {
+mx::array scratch(mx::cu::CommandEncoder& enc, int64_t bytes) {
   mx::array a(mx::Shape{static_cast<int>(bytes)}, mx::uint8, nullptr, {});
   allocate(enc, a);
   enc.add_temporary(a);
-  return mx::gpu_ptr<void>(a);
+  return a;
+}
+
+void register_arrays(mx::cu::CommandEncoder& enc, const std::vector<mx::array>& inputs,
+                     const std::vector<mx::array>& outputs) {
+  for (const auto& a : inputs) enc.set_input_array(a);
+  for (const auto& a : outputs) enc.set_output_array(a);
 }
 
 }  // namespace mlx_ggml_ext::cuda

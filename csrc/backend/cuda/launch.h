@@ -45,6 +45,12 @@ void launch(mx::cu::CommandEncoder& enc, const ggml_ext::cuda::KernelLaunch& lau
 mx::array device_constants(mx::cu::CommandEncoder& enc, const std::vector<float>& values);
 
 // `bytes` of scratch for the kernels of one command, kept alive until it completes.
-void* scratch(mx::cu::CommandEncoder& enc, int64_t bytes);
+mx::array scratch(mx::cu::CommandEncoder& enc, int64_t bytes);
+
+// Registers what the next kernel reads and writes. MLX's CUDA graph orders a kernel node only after the
+// producers of the arrays registered since the previous node, so every kernel of a multi-kernel op registers
+// its own (the first one's are registered by begin()).
+void register_arrays(mx::cu::CommandEncoder& enc, const std::vector<mx::array>& inputs,
+                     const std::vector<mx::array>& outputs);
 
 }  // namespace mlx_ggml_ext::cuda

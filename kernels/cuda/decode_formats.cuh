@@ -1,0 +1,412 @@
+// The decode kernels' view of each ggml format (matmul_decode.cu): 32 consecutive elements of a weight row
+// (an "x-block": the span of one int8 scale of the quantized activations) as 32 int8 codes in 8 words, in
+// x's element order, plus what turns their integer dot with x's codes into a float.
+//
+// The weight rows are staged in shared memory as raw bytes (ggml blocks are only 2-byte aligned, MXFP4's
+// 1-byte), so every field is read as aligned 32-bit words joined by funnel shifts (sh_words). The block
+// structs, field offsets and the scale/min/codebook helpers are those of kernels/common/ggml_blocks.h; the
+// offsets used below are checked against the structs with offsetof.
+//
+// A sub-block's contribution to y for one row of x (dx: x's scale, s0/s1: the sums of x's codes over the
+// two 16-element halves, i0/i1: the integer dots of the halves):
+//   a * dx * (ia0 * (i0 - kZero * s0) + ia1 * (i1 - kZero * s1))      (kPerHalf; else ia = 1 and one dot)
+//   + b * dx * (s0 + s1)                                                (kOffset == 1: a per-32 offset)
+//   + b * dx * (ib0 * s0 + ib1 * s1)                                    (kOffset == 2: per-16 mins, Q2_K)
+// Everything inside the parentheses is exact integer arithmetic; only the scales are float.
+#pragma once
+#include <cstddef>
+
+#include "kernels/common/ggml_blocks.h"
+#include "kernels/cuda/common.cuh"
+
+namespace ggml_ext::cuda::decode {
+
+// ------------------------------------------------------------------------------------------------ reading
+
+// N little-endian words starting at byte `offset` (any alignment) of a shared buffer `base` (4-byte
+// aligned): N + 1 aligned loads (the last may read up to 3 bytes past the data: buffers are padded).
+template <int N>
+__device__ __forceinline__ void sh_words(const uint8_t* base, int offset, uint32_t (&out)[N]) {
+  const uint32_t* w = reinterpret_cast<const uint32_t*>(base + (offset & ~3));
+  const unsigned shift = 8u * static_cast<unsigned>(offset & 3);
+  uint32_t prev = w[0];
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const uint32_t next = w[i + 1];
+    out[i] = __funnelshift_r(prev, next, shift);  // shift 0: prev
+    prev = next;
+  }
+}
+
+__device__ __forceinline__ uint32_t sh_u16(const uint8_t* base, int offset) {  // offset even
+  return *reinterpret_cast<const uint16_t*>(base + offset);
+}
+
+__device__ __forceinline__ float half_bits(uint32_t h) { return GGML_EXT_HALF_TO_FLOAT(static_cast<uint16_t>(h)); }
+
+// Indexable view of packed little-endian bytes (for ggml_blocks.h's scale helpers, which index q[j]).
+template <int N>
+struct PackedBytes {
+  uint32_t w[N];
+  __device__ __forceinline__ uint32_t operator[](int j) const {
+    uint32_t word = w[0];
+#pragma unroll
+    for (int i = 1; i < N; ++i) word = (j >> 2) == i ? w[i] : word;  // selects, no local memory
+    return (word >> (8 * (j & 3))) & 0xFFu;
+  }
+};
+
+// Bit b of each byte of v spread to bit 0 of four bytes: bits 0..3 of v -> bytes 0..3 (the four shifted
+// copies of a 4-bit value do not overlap, so the product has no carries).
+__device__ __forceinline__ uint32_t spread4(uint32_t v) { return ((v & 0xFu) * 0x00204081u) & 0x01010101u; }
+
+// The 16-entry int8 codebook of ggml_blocks.h (IQ4_NL, MXFP4) as 4 words, built once per thread from the
+// shared lookup so the table lives in one place.
+struct Codebook {
+  uint32_t t[4];
+  __device__ explicit Codebook(int codebook) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      uint32_t word = 0;
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        word |= (static_cast<uint32_t>(ggml_ext_codebook_value(codebook, 4 * i + j)) & 0xFFu) << (8 * j);
+      t[i] = word;
+    }
+  }
+  // Four indices (bytes 0..15) to their four int8 values: two byte permutes of 8 entries, then a per-byte
+  // choice by bit 3 of the index.
+  __device__ __forceinline__ uint32_t lookup(uint32_t idx) const {
+    const uint32_t packed = idx | (idx >> 4);                    // byte 0: i0 | i1 << 4, byte 2: i2 | i3 << 4
+    const uint32_t sel = __byte_perm(packed, 0u, 0x0020u) & 0x7777u;  // 4 selectors of 3 bits (no sign mode)
+    const uint32_t lo = __byte_perm(t[0], t[1], sel), hi = __byte_perm(t[2], t[3], sel);
+    const uint32_t upper = ((idx >> 3) & 0x01010101u) * 0xFFu;
+    return (hi & upper) | (lo & ~upper);
+  }
+};
+
+// ------------------------------------------------------------------------------------------------ formats
+
+// What one lane holds for one x-block of one weight row.
+struct Sub {
+  uint32_t q[8];  // 32 codes (int8 lanes; unsigned codes below 128 where kZero != 0)
+  float a = 0.0f, b = 0.0f;
+  int ia0 = 1, ia1 = 1, ib0 = 1, ib1 = 1;
+};
+
+struct NoContext {
+  __device__ NoContext() {}
+};
+
+// Each format: Block, kQK, kBytes, kPerHalf, kZero, kOffset, Context, and
+//   load(ctx, seg, g, sub): x-block g of a staged segment that starts at a block boundary.
+// 32-element blocks: x-block g is block g. 256-element blocks: block g / 8, sub-block g % 8.
+
+struct FmtQ4_0 {
+  using Block = block_q4_0;
+  using Context = NoContext;
+  static constexpr int kQK = 32, kZero = 8, kOffset = 0;
+  static constexpr bool kPerHalf = false;
+  __device__ static void load(const Context&, const uint8_t* seg, int g, Sub& s) {
+    const int o = g * static_cast<int>(sizeof(Block));
+    uint32_t q[4];
+    sh_words(seg, o + offsetof(Block, qs), q);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      s.q[i] = q[i] & 0x0F0F0F0Fu;             // elements 4i..4i+3: low nibbles
+      s.q[4 + i] = (q[i] >> 4) & 0x0F0F0F0Fu;  // elements 16+4i..: high nibbles
+    }
+    s.a = half_bits(sh_u16(seg, o + offsetof(Block, d)));
+  }
+};
+
+struct FmtQ4_1 {
+  using Block = block_q4_1;
+  using Context = NoContext;
+  static constexpr int kQK = 32, kZero = 0, kOffset = 1;
+  static constexpr bool kPerHalf = false;
+  __device__ static void load(const Context&, const uint8_t* seg, int g, Sub& s) {
+    const int o = g * static_cast<int>(sizeof(Block));
+    uint32_t q[4];
+    sh_words(seg, o + offsetof(Block, qs), q);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      s.q[i] = q[i] & 0x0F0F0F0Fu;
+      s.q[4 + i] = (q[i] >> 4) & 0x0F0F0F0Fu;
+    }
+    s.a = half_bits(sh_u16(seg, o + offsetof(Block, d)));
+    s.b = half_bits(sh_u16(seg, o + offsetof(Block, m)));  // + m per element
+  }
+};
+
+// Q5_0/Q5_1: bit j of the little-endian qh word is the 5th bit of element j.
+template <typename Block>
+__device__ __forceinline__ void load_q5_codes(const uint8_t* seg, int o, Sub& s) {
+  uint32_t q[4], h[1];
+  sh_words(seg, o + offsetof(Block, qs), q);
+  sh_words(seg, o + offsetof(Block, qh), h);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    s.q[i] = (q[i] & 0x0F0F0F0Fu) | (spread4(h[0] >> (4 * i)) << 4);
+    s.q[4 + i] = ((q[i] >> 4) & 0x0F0F0F0Fu) | (spread4(h[0] >> (16 + 4 * i)) << 4);
+  }
+}
+
+struct FmtQ5_0 {
+  using Block = block_q5_0;
+  using Context = NoContext;
+  static constexpr int kQK = 32, kZero = 16, kOffset = 0;
+  static constexpr bool kPerHalf = false;
+  __device__ static void load(const Context&, const uint8_t* seg, int g, Sub& s) {
+    const int o = g * static_cast<int>(sizeof(Block));
+    load_q5_codes<Block>(seg, o, s);
+    s.a = half_bits(sh_u16(seg, o + offsetof(Block, d)));
+  }
+};
+
+struct FmtQ5_1 {
+  using Block = block_q5_1;
+  using Context = NoContext;
+  static constexpr int kQK = 32, kZero = 0, kOffset = 1;
+  static constexpr bool kPerHalf = false;
+  __device__ static void load(const Context&, const uint8_t* seg, int g, Sub& s) {
+    const int o = g * static_cast<int>(sizeof(Block));
+    load_q5_codes<Block>(seg, o, s);
+    s.a = half_bits(sh_u16(seg, o + offsetof(Block, d)));
+    s.b = half_bits(sh_u16(seg, o + offsetof(Block, m)));
+  }
+};
+
+struct FmtQ8_0 {
+  using Block = block_q8_0;
+  using Context = NoContext;
+  static constexpr int kQK = 32, kZero = 0, kOffset = 0;
+  static constexpr bool kPerHalf = false;
+  __device__ static void load(const Context&, const uint8_t* seg, int g, Sub& s) {
+    const int o = g * static_cast<int>(sizeof(Block));
+    sh_words(seg, o + offsetof(Block, qs), s.q);
+    s.a = half_bits(sh_u16(seg, o + offsetof(Block, d)));
+  }
+};
+
+struct FmtIQ4_NL {
+  using Block = block_iq4_nl;
+  struct Context : Codebook {
+    __device__ Context() : Codebook(GGML_EXT_CODEBOOK_IQ4NL) {}
+  };
+  static constexpr int kQK = 32, kZero = 0, kOffset = 0;
+  static constexpr bool kPerHalf = false;
+  __device__ static void load(const Context& c, const uint8_t* seg, int g, Sub& s) {
+    const int o = g * static_cast<int>(sizeof(Block));
+    uint32_t q[4];
+    sh_words(seg, o + offsetof(Block, qs), q);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      s.q[i] = c.lookup(q[i] & 0x0F0F0F0Fu);
+      s.q[4 + i] = c.lookup((q[i] >> 4) & 0x0F0F0F0Fu);
+    }
+    s.a = half_bits(sh_u16(seg, o + offsetof(Block, d)));
+  }
+};
+
+// MXFP4: doubled E2M1 codes with half the E8M0 scale (ggml's own pairing); 17-byte blocks, any alignment.
+struct FmtMXFP4 {
+  using Block = block_mxfp4;
+  struct Context : Codebook {
+    __device__ Context() : Codebook(GGML_EXT_CODEBOOK_MXFP4) {}
+  };
+  static constexpr int kQK = 32, kZero = 0, kOffset = 0;
+  static constexpr bool kPerHalf = false;
+  __device__ static void load(const Context& c, const uint8_t* seg, int g, Sub& s) {
+    const int o = g * static_cast<int>(sizeof(Block));
+    uint32_t q[4];
+    sh_words(seg, o + offsetof(Block, qs), q);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      s.q[i] = c.lookup(q[i] & 0x0F0F0F0Fu);
+      s.q[4 + i] = c.lookup((q[i] >> 4) & 0x0F0F0F0Fu);
+    }
+    s.a = ggml_ext_e8m0_half_to_float(seg[o + offsetof(Block, e)]);
+  }
+};
+
+// Q4_K/Q5_K: sub-block sb (32 elements) is nibble sb & 1 of the 32 bytes qs[32 * (sb / 2) ...]; scale d * sc,
+// min dmin * m (subtracted).
+template <typename Block>
+__device__ __forceinline__ void load_k4_scales(const uint8_t* seg, int o, int sb, Sub& s) {
+  PackedBytes<3> sc;
+  sh_words(seg, o + offsetof(Block, scales), sc.w);
+  s.a = half_bits(sh_u16(seg, o + offsetof(Block, d))) * static_cast<float>(ggml_ext_k4_scale(sc, sb));
+  s.b = -(half_bits(sh_u16(seg, o + offsetof(Block, dmin))) * static_cast<float>(ggml_ext_k4_min(sc, sb)));
+}
+
+struct FmtQ4_K {
+  using Block = block_q4_k;
+  using Context = NoContext;
+  static constexpr int kQK = 256, kZero = 0, kOffset = 1;
+  static constexpr bool kPerHalf = false;
+  __device__ static void load(const Context&, const uint8_t* seg, int g, Sub& s) {
+    const int sb = g & 7, o = (g >> 3) * static_cast<int>(sizeof(Block));
+    sh_words(seg, o + offsetof(Block, qs) + 32 * (sb >> 1), s.q);
+    const int shift = 4 * (sb & 1);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) s.q[i] = (s.q[i] >> shift) & 0x0F0F0F0Fu;
+    load_k4_scales<Block>(seg, o, sb, s);
+  }
+};
+
+struct FmtQ5_K {
+  using Block = block_q5_k;
+  using Context = NoContext;
+  static constexpr int kQK = 256, kZero = 0, kOffset = 1;
+  static constexpr bool kPerHalf = false;
+  __device__ static void load(const Context&, const uint8_t* seg, int g, Sub& s) {
+    const int sb = g & 7, o = (g >> 3) * static_cast<int>(sizeof(Block));
+    uint32_t h[8];
+    sh_words(seg, o + offsetof(Block, qs) + 32 * (sb >> 1), s.q);
+    sh_words(seg, o + offsetof(Block, qh), h);  // bit sb of qh[l]: 5th bit of element l of sub-block sb
+    const int shift = 4 * (sb & 1);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) s.q[i] = ((s.q[i] >> shift) & 0x0F0F0F0Fu) | (((h[i] >> sb) & 0x01010101u) << 4);
+    load_k4_scales<Block>(seg, o, sb, s);
+  }
+};
+
+// Q6_K: in half h = sb / 4, sub-block s = sb % 4: nibble (s / 2) of ql[64h + 32(s & 1) + l], bits 2s of
+// qh[32h + l]; minus 32; a signed int8 scale per 16 elements.
+struct FmtQ6_K {
+  using Block = block_q6_k;
+  using Context = NoContext;
+  static constexpr int kQK = 256, kZero = 32, kOffset = 0;
+  static constexpr bool kPerHalf = true;
+  __device__ static void load(const Context&, const uint8_t* seg, int g, Sub& s) {
+    const int sb = g & 7, o = (g >> 3) * static_cast<int>(sizeof(Block));
+    const int h = sb >> 2, sub = sb & 3;
+    uint32_t hi[8];
+    sh_words(seg, o + offsetof(Block, ql) + 64 * h + 32 * (sub & 1), s.q);
+    sh_words(seg, o + offsetof(Block, qh) + 32 * h, hi);
+    const int lo_shift = 4 * (sub >> 1), hi_shift = 2 * sub;
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+      s.q[i] = ((s.q[i] >> lo_shift) & 0x0F0F0F0Fu) | (((hi[i] >> hi_shift) & 0x03030303u) << 4);
+    const uint32_t sc = sh_u16(seg, o + offsetof(Block, scales) + 2 * sb);  // the chunks 2sb, 2sb + 1
+    s.ia0 = static_cast<int8_t>(sc & 0xFFu);
+    s.ia1 = static_cast<int8_t>(sc >> 8);
+    s.a = half_bits(sh_u16(seg, o + offsetof(Block, d)));
+  }
+};
+
+// Q3_K: low 2 bits as Q2_K, the third from bit sb of hmask[l]; minus 4; a signed 6-bit scale per 16.
+struct FmtQ3_K {
+  using Block = block_q3_k;
+  using Context = NoContext;
+  static constexpr int kQK = 256, kZero = 4, kOffset = 0;
+  static constexpr bool kPerHalf = true;
+  __device__ static void load(const Context&, const uint8_t* seg, int g, Sub& s) {
+    const int sb = g & 7, o = (g >> 3) * static_cast<int>(sizeof(Block));
+    const int h = sb >> 2, shift = 2 * (sb & 3);
+    uint32_t m[8];
+    PackedBytes<3> sc;
+    sh_words(seg, o + offsetof(Block, qs) + 32 * h, s.q);
+    sh_words(seg, o + offsetof(Block, hmask), m);
+    sh_words(seg, o + offsetof(Block, scales), sc.w);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) s.q[i] = ((s.q[i] >> shift) & 0x03030303u) | (((m[i] >> sb) & 0x01010101u) << 2);
+    s.ia0 = ggml_ext_q3k_scale(sc, 2 * sb);
+    s.ia1 = ggml_ext_q3k_scale(sc, 2 * sb + 1);
+    s.a = half_bits(sh_u16(seg, o + offsetof(Block, d)));
+  }
+};
+
+// Q2_K: (qs[32h + l] >> 2s) & 3 in half h = sb / 4, s = sb % 4; per 16 elements a 4-bit scale and min.
+struct FmtQ2_K {
+  using Block = block_q2_k;
+  using Context = NoContext;
+  static constexpr int kQK = 256, kZero = 0, kOffset = 2;
+  static constexpr bool kPerHalf = true;
+  __device__ static void load(const Context&, const uint8_t* seg, int g, Sub& s) {
+    const int sb = g & 7, o = (g >> 3) * static_cast<int>(sizeof(Block));
+    const int shift = 2 * (sb & 3);
+    sh_words(seg, o + offsetof(Block, qs) + 32 * (sb >> 2), s.q);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) s.q[i] = (s.q[i] >> shift) & 0x03030303u;
+    const uint32_t sc = sh_u16(seg, o + offsetof(Block, scales) + 2 * sb);  // the chunks 2sb, 2sb + 1
+    s.ia0 = static_cast<int>(sc & 0xFu);
+    s.ib0 = static_cast<int>((sc >> 4) & 0xFu);
+    s.ia1 = static_cast<int>((sc >> 8) & 0xFu);
+    s.ib1 = static_cast<int>((sc >> 12) & 0xFu);
+    s.a = half_bits(sh_u16(seg, o + offsetof(Block, d)));
+    s.b = -half_bits(sh_u16(seg, o + offsetof(Block, dmin)));
+  }
+};
+
+// IQ4_XS: sub-block ib: qs[16 ib + j] holds elements j (low nibble) and 16 + j (high); scale d * (ls - 32).
+struct FmtIQ4_XS {
+  using Block = block_iq4_xs;
+  struct Context : Codebook {
+    __device__ Context() : Codebook(GGML_EXT_CODEBOOK_IQ4NL) {}
+  };
+  static constexpr int kQK = 256, kZero = 0, kOffset = 0;
+  static constexpr bool kPerHalf = false;
+  struct Scales {  // the fields ggml_ext_iq4xs_scale reads
+    uint32_t scales_h;
+    PackedBytes<1> scales_l;
+  };
+  __device__ static void load(const Context& c, const uint8_t* seg, int g, Sub& s) {
+    const int sb = g & 7, o = (g >> 3) * static_cast<int>(sizeof(Block));
+    uint32_t q[4];
+    Scales sc;
+    sh_words(seg, o + offsetof(Block, qs) + 16 * sb, q);
+    sh_words(seg, o + offsetof(Block, scales_l), sc.scales_l.w);
+    sc.scales_h = sh_u16(seg, o + offsetof(Block, scales_h));
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      s.q[i] = c.lookup(q[i] & 0x0F0F0F0Fu);
+      s.q[4 + i] = c.lookup((q[i] >> 4) & 0x0F0F0F0Fu);
+    }
+    s.a = half_bits(sh_u16(seg, o + offsetof(Block, d))) * static_cast<float>(ggml_ext_iq4xs_scale(&sc, sb));
+  }
+};
+
+// ------------------------------------------------------------------------------------------------ the dot
+
+// x's codes of one x-block (8 words) and its record: the float scale and the two 16-element code sums.
+struct XBlock {
+  uint4 lo, hi;
+  float d;
+  int s0, s1;
+};
+
+template <class F>
+__device__ __forceinline__ float sub_dot(const Sub& w, const XBlock& x) {
+  const uint32_t xq[8] = {x.lo.x, x.lo.y, x.lo.z, x.lo.w, x.hi.x, x.hi.y, x.hi.z, x.hi.w};
+  int isum;
+  if constexpr (F::kPerHalf) {
+    int i0 = 0, i1 = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      i0 = __dp4a(static_cast<int>(w.q[i]), static_cast<int>(xq[i]), i0);
+      i1 = __dp4a(static_cast<int>(w.q[4 + i]), static_cast<int>(xq[4 + i]), i1);
+    }
+    if constexpr (F::kZero != 0) {
+      i0 -= F::kZero * x.s0;
+      i1 -= F::kZero * x.s1;
+    }
+    isum = w.ia0 * i0 + w.ia1 * i1;
+  } else {
+    int i0 = 0, i1 = 0;  // two chains: more instruction-level parallelism
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      i0 = __dp4a(static_cast<int>(w.q[2 * i]), static_cast<int>(xq[2 * i]), i0);
+      i1 = __dp4a(static_cast<int>(w.q[2 * i + 1]), static_cast<int>(xq[2 * i + 1]), i1);
+    }
+    isum = i0 + i1;
+    if constexpr (F::kZero != 0) isum -= F::kZero * (x.s0 + x.s1);
+  }
+  float r = (w.a * x.d) * static_cast<float>(isum);
+  if constexpr (F::kOffset == 1) r += w.b * (x.d * static_cast<float>(x.s0 + x.s1));
+  if constexpr (F::kOffset == 2) r += (w.b * x.d) * static_cast<float>(w.ib0 * x.s0 + w.ib1 * x.s1);
+  return r;
+}
+
+}  // namespace ggml_ext::cuda::decode
