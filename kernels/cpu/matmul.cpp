@@ -23,6 +23,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -100,6 +101,10 @@ struct QuantizedRows {
   int64_t groups = 0;
   std::vector<ActRecord> rec;
   std::vector<float> sums;  // kGroupLanes per record
+  // Per row and 16-element chunk, row-major: the exact float sum of x and the sum of its codes times their scale
+  // (what an offset, resp. a constant taken off unsigned weight codes, multiplies).
+  std::vector<float> chunk_x, chunk_q;
+  int64_t chunks = 0;  // per row
 
   int64_t tile = kTileRows;  // rows per tile: 1, 2, 4 or 8 (fewer for small M, so no record is padding)
 
@@ -111,6 +116,9 @@ struct QuantizedRows {
     std::memset(zero.q, kActBias, sizeof zero.q);
     rec.assign(padded * groups, zero);
     sums.assign(padded * groups * kGroupLanes, 0.0f);
+    chunks = groups * (kGroup / 16);
+    chunk_x.assign(padded * chunks, 0.0f);
+    chunk_q.assign(padded * chunks, 0.0f);
   }
   // Record index of (row, group): tiles of `tile` rows, group-major inside a tile.
   int64_t at(int64_t row, int64_t group) const { return (row / tile * groups + group) * tile + row % tile; }
@@ -127,6 +135,18 @@ struct TileView {
         stride(act.tile) {}
   const ActRecord* records(int64_t g) const { return rec + g * stride; }
   const float* lane_sums(int64_t g, int r) const { return sums + (g * stride + r) * kGroupLanes; }
+};
+
+// Row r0 + r's chunk sums as a row dot reads them.
+struct ChunkSums {
+  const float* x;
+  const float* q;
+  int64_t stride;
+
+  ChunkSums(const QuantizedRows& act, int64_t row0)
+      : x(act.chunk_x.data() + row0 * act.chunks), q(act.chunk_q.data() + row0 * act.chunks), stride(act.chunks) {}
+  const float* x_of(int r, int64_t chunk) const { return x + r * stride + chunk; }
+  const float* q_of(int r, int64_t chunk) const { return q + r * stride + chunk; }
 };
 
 template <class Fmt>
@@ -149,6 +169,16 @@ void quantize_activation_row(const typename Fmt::T* x, int64_t K, QuantizedRows&
     r.d[part / kActBlock] = scale;
     float* sums = a.sums.data() + i * kGroupLanes + part / 4;
     for (int l = 0; l < kActBlock / 4; ++l) sums[l] = (v[4 * l] + v[4 * l + 1]) + (v[4 * l + 2] + v[4 * l + 3]);
+    for (int c = 0; c < kActBlock / 16; ++c) {
+      const int64_t at = row * a.chunks + k0 / 16 + c;
+      int q_sum = 0;
+      for (int j = 0; j < 16; ++j) {
+        const uint8_t code = r.q[part + 16 * c + j];
+        q_sum += kActBias ? static_cast<int>(code) - kActBias : static_cast<int8_t>(code);
+      }
+      a.chunk_x[at] = ((sums[4 * c] + sums[4 * c + 1]) + (sums[4 * c + 2] + sums[4 * c + 3]));
+      a.chunk_q[at] = static_cast<float>(q_sum) * scale;
+    }
   }
 }
 
@@ -390,21 +420,25 @@ struct ChunkScales {
 };
 
 // Q4_K and Q5_K: the 8 six-bit scales and mins unpacked with byte shuffles, converted together.
+// The block's 8 scales (lanes 0..7) and 8 mins (lanes 8..15) as bytes (get_scale_min_k4).
+template <class B>
+inline __attribute__((always_inline)) vu8x16 k4_scale_min_bytes(const B* b) {
+  const vu8x16 q = load16(b->scales);  // 12 bytes of scales, then the block's next field
+  // lanes 0..7: scale j, lanes 8..15: min j (get_scale_min_k4)
+  // (constant shifts only: x86 has no per-byte variable shift)
+  const vu8x16 low_idx = {0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11};
+  const vu8x16 low_mask = {63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0};
+  const vu8x16 nibble_mask = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15};
+  const vu8x16 high_idx = {0, 0, 0, 0, 0, 1, 2, 3, 0, 0, 0, 0, 4, 5, 6, 7};
+  const vu8x16 high_keep = {0, 0, 0, 0, 3, 3, 3, 3, 0, 0, 0, 0, 3, 3, 3, 3};
+  const vu8x16 low = __builtin_shuffle(q, low_idx);
+  return (low & low_mask) | ((low >> 4) & nibble_mask) | (((__builtin_shuffle(q, high_idx) >> 6) & high_keep) << 4);
+}
+
 template <class Q>
 struct K4Scales : ChunkScales<Q> {
   void load_block(const typename Q::B* b) {
-    const vu8x16 q = load16(b->scales);  // 12 bytes of scales, then the block's next field
-    // lanes 0..7: scale j, lanes 8..15: min j (get_scale_min_k4)
-    // (constant shifts only: x86 has no per-byte variable shift)
-    const vu8x16 low_idx = {0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11};
-    const vu8x16 low_mask = {63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0};
-    const vu8x16 nibble_mask = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15};
-    const vu8x16 high_idx = {0, 0, 0, 0, 0, 1, 2, 3, 0, 0, 0, 0, 4, 5, 6, 7};
-    const vu8x16 high_keep = {0, 0, 0, 0, 3, 3, 3, 3, 0, 0, 0, 0, 3, 3, 3, 3};
-    const vu8x16 low = __builtin_shuffle(q, low_idx);
-    const vu8x16 packed = (low & low_mask) | ((low >> 4) & nibble_mask) |
-                          (((__builtin_shuffle(q, high_idx) >> 6) & high_keep) << 4);
-    const vf32x16 values = widen_bytes(packed);
+    const vf32x16 values = widen_bytes(k4_scale_min_bytes(b));
     const float d = GGML_EXT_HALF_TO_FLOAT(b->d), dmin = GGML_EXT_HALF_TO_FLOAT(b->dmin);
     const vf32x16 dl = values * d, ml = values * (-dmin);
     // chunk c belongs to sub-block c / 2
@@ -498,8 +532,9 @@ struct QuantRowDot {
   TileView tile;
   const GroupCodes<Q, kOffset>& codes;
 
-  QuantRowDot(const QuantizedRows& act, int64_t row0, const GroupCodes<Q, kOffset>& group_codes)
-      : tile(act, row0), codes(group_codes) {}
+  template <class RowCodes>
+  QuantRowDot(const QuantizedRows& act, int64_t row0, const RowCodes& row_codes)
+      : tile(act, row0), codes(row_codes.group) {}
 
   inline __attribute__((always_inline)) void step(vi8x64 w, vf32x16 sw, vf32x16 ow, int64_t g) {
     if constexpr (kOffset) ow += sw * static_cast<float>(code_center<Q, kOffset>());
@@ -600,8 +635,9 @@ struct ChunkRowDot {
   TileView tile;
   const ChunkCodes<Q, kOffset>& codes;
 
-  ChunkRowDot(const QuantizedRows& act, int64_t row0, const ChunkCodes<Q, kOffset>& chunk_codes)
-      : tile(act, row0), codes(chunk_codes) {}
+  template <class RowCodes>
+  ChunkRowDot(const QuantizedRows& act, int64_t row0, const RowCodes& row_codes)
+      : tile(act, row0), codes(row_codes.chunk) {}
 
   // Chunk c (0..3) of group g: its 16 centered codes, scale and offset.
   inline __attribute__((always_inline)) void chunk(vi8x16 w, float scale, float offset, int64_t g, int c) {
@@ -650,12 +686,281 @@ struct ChunkRowDot {
     for (int r = 0; r < MR; ++r) res[r] = (acc[r][0] + acc[r][1]) + (acc[r][2] + acc[r][3]);
   }
 };
+#endif
+
+#if defined(__AVX2__)
+// ---------------------------------------------------------------------------------------------------
+// AVX2: half a group per 256-bit step, i.e. two 16-element chunks sharing one activation scale (one 32-element
+// block of the legacy types). In every format the two chunks of a half are either 32 consecutive bytes with the
+// same shift or the low and high nibbles of the same 16 bytes, so a half's codes take one or two loads; other
+// layouts fall back to two chunk decodes.
+// Plain codes stay unsigned (0..63 at most), so the dot is one maddubs of the weights with the signed activations;
+// what the zero point and the centering would subtract from each code (kZero * sum of the chunk's activation codes)
+// is taken off once per block through the activations' chunk sums. Codebook values and Q8_0 are signed: there the
+// dot multiplies |w| by q with w's sign.
+// ---------------------------------------------------------------------------------------------------
+typedef float vf32x8 __attribute__((vector_size(32)));
+typedef int32_t vi32x8 __attribute__((vector_size(32)));
+
+template <class Q, bool kOffset>
+struct HalfCodes {
+  static constexpr ggml_ext_layout16 kLayout = Q::layout(0);
+  static constexpr bool kUnsigned = !kLayout.lo_signed && kLayout.codebook == GGML_EXT_CODEBOOK_NONE;
+  static constexpr int kZero = kUnsigned ? kLayout.zero + code_center<Q, kOffset>() : 0;
+  __m256i table = _mm256_broadcastsi128_si256((__m128i)codebook_table(Q::layout(0).codebook));
+  ChunkCodes<Q, kOffset> chunks;
+
+  // The bytes at `offset` (and `offset + 16`) shifted right per chunk: elements in the low bits.
+  template <int Offset0, int Shift0, int Offset1, int Shift1>
+  static inline __attribute__((always_inline)) __m256i window(const uint8_t* base) {
+    if constexpr (Offset1 == Offset0 + 16 && Shift0 == Shift1) {
+      return _mm256_srli_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + Offset0)), Shift0);
+    } else {
+      const __m128i v0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(base + Offset0));
+      const __m128i v1 = Offset1 == Offset0 ? v0 : _mm_loadu_si128(reinterpret_cast<const __m128i*>(base + Offset1));
+      return _mm256_set_m128i(_mm_srli_epi16(v1, Shift1), _mm_srli_epi16(v0, Shift0));
+    }
+  }
+
+  // Half H (0, 1) of group G: 32 codes, unsigned (kUnsigned: kZero above the centered code) or signed.
+  template <int G, int H>
+  inline __attribute__((always_inline)) __m256i decode(const uint8_t* base) const {
+    constexpr ggml_ext_layout16 a = group_chunk_layout<Q>(G, 2 * H), b = group_chunk_layout<Q>(G, 2 * H + 1);
+    // The word form of the high bit (Q5_0, Q5_1) is handled for its one arrangement: bits 0..15 and 16..31.
+    constexpr bool word_ok = !a.hi_word || (a.hi == b.hi && a.hi_shift == 0 && b.hi_shift == 16);
+    if constexpr (!word_ok) {
+      return _mm256_set_m128i((__m128i)chunks.template chunk<G, 2 * H + 1>(base),
+                              (__m128i)chunks.template chunk<G, 2 * H>(base)) +
+             _mm256_set1_epi8(static_cast<char>(ChunkCodes<Q, kOffset>::kShift + kZero));
+    }
+    __m256i part = window<a.lo, a.lo_shift, b.lo, b.lo_shift>(base);
+    if constexpr (a.lo_signed) return part;  // Q8_0: the bytes are the codes
+    part = _mm256_and_si256(part, _mm256_set1_epi8(static_cast<char>(a.lo_mask)));
+    if constexpr (a.hi_word) {
+      // Each byte of the 32-bit word spread over 8 lanes, tested against its lane's bit.
+      uint32_t word;
+      std::memcpy(&word, base + a.hi, sizeof word);
+      const __m256i spread = _mm256_shuffle_epi8(
+          _mm256_set1_epi32(static_cast<int>(word)),
+          _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0));
+      const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ull));
+      const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+      part = _mm256_or_si256(part, _mm256_and_si256(set, _mm256_set1_epi8(static_cast<char>(1 << a.hi_pos))));
+    } else if constexpr (a.hi_mask != 0) {
+      const __m256i hi = _mm256_and_si256(window<a.hi, a.hi_shift, b.hi, b.hi_shift>(base),
+                                          _mm256_set1_epi8(static_cast<char>(a.hi_mask)));
+      part = _mm256_or_si256(part, _mm256_slli_epi16(hi, a.hi_pos));  // hi_mask << hi_pos fits in the byte
+    }
+    if constexpr (a.codebook != GGML_EXT_CODEBOOK_NONE) return _mm256_shuffle_epi8(table, part);
+    return part;
+  }
+
+  // The dot of 32 codes with 32 activation codes, 4 per int32 lane. Pairs of products stay within int16: at most
+  // 2 * 63 * 127 unsigned, 2 * 128 * 127 signed.
+  static inline __attribute__((always_inline)) __m256i dot(__m256i w, const uint8_t* q) {
+    __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
+    if constexpr (kActBias != 0) qv = _mm256_xor_si256(qv, _mm256_set1_epi8(static_cast<char>(0x80)));  // signed
+#if defined(__AVX512VNNI__)
+    if constexpr (kUnsigned) return _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, qv);
+#endif
+    const __m256i pairs = kUnsigned ? _mm256_maddubs_epi16(w, qv)
+                                    : _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(qv, w));
+    return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+  }
+};
+
+// A 256-element block's 16 chunk scales and offsets as two 8-lane vectors each (chunk c at [c / 8][c % 8]):
+// 16-lane vectors would go through memory on AVX2.
+template <class Q>
+struct HalfScales {
+  vf32x8 scale[2], offset[2];
+
+  void load_block(const typename Q::B* b) {
+    typename ScalesOf<Q>::type sc;
+    sc.load_block(b);
+    std::memcpy(scale, &sc.scale, sizeof scale);
+    std::memcpy(offset, &sc.offset, sizeof offset);
+  }
+  // Half H (0..7): chunks 2H and 2H + 1, 4 lanes each.
+  template <int H>
+  inline __attribute__((always_inline)) vf32x8 half_scale() const {
+    constexpr int c = 2 * H % 8;
+    return __builtin_shufflevector(scale[H / 4], scale[H / 4], c, c, c, c, c + 1, c + 1, c + 1, c + 1);
+  }
+};
+
+// Q4_K, Q5_K: 8 sub-block scales and mins, one per half, unpacked and converted in registers.
+template <class Q>
+struct K4HalfScales : HalfScales<Q> {
+  vf32x8 sub_scale;
+
+  void load_block(const typename Q::B* b) {
+    const __m128i bytes = (__m128i)k4_scale_min_bytes(b);
+    sub_scale = (vf32x8)_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes)) * GGML_EXT_HALF_TO_FLOAT(b->d);
+    const vf32x8 sub_min =
+        (vf32x8)_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8))) * -GGML_EXT_HALF_TO_FLOAT(b->dmin);
+    this->scale[0] = __builtin_shufflevector(sub_scale, sub_scale, 0, 0, 1, 1, 2, 2, 3, 3);
+    this->scale[1] = __builtin_shufflevector(sub_scale, sub_scale, 4, 4, 5, 5, 6, 6, 7, 7);
+    this->offset[0] = __builtin_shufflevector(sub_min, sub_min, 0, 0, 1, 1, 2, 2, 3, 3);
+    this->offset[1] = __builtin_shufflevector(sub_min, sub_min, 4, 4, 5, 5, 6, 6, 7, 7);
+  }
+  template <int H>
+  inline __attribute__((always_inline)) vf32x8 half_scale() const {
+    return __builtin_shufflevector(sub_scale, sub_scale, H, H, H, H, H, H, H, H);
+  }
+};
+template <class Q>
+struct HalfScalesOf {
+  using type = HalfScales<Q>;
+};
+template <>
+struct HalfScalesOf<GGML_EXT_BLOCK_FORMAT(q4_k, 256)> {
+  using type = K4HalfScales<GGML_EXT_BLOCK_FORMAT(q4_k, 256)>;
+};
+template <>
+struct HalfScalesOf<GGML_EXT_BLOCK_FORMAT(q5_k, 256)> {
+  using type = K4HalfScales<GGML_EXT_BLOCK_FORMAT(q5_k, 256)>;
+};
 
 template <class Q, int MR, bool kOffset>
-using RowDot = ChunkRowDot<Q, MR, kOffset>;
+struct HalfRowDot {
+  using B = typename Q::B;
+  using Codes = HalfCodes<Q, kOffset>;
+  static constexpr bool kSums = kOffset || Codes::kZero != 0;  // whether the chunk sums take part
+  // Accumulators live in run() (as members, GCC stores them back after every step).
+  using Acc = vf32x8[MR];
+  TileView tile;
+  ChunkSums chunk_sums;
+  const Codes& codes;
+
+  template <class RowCodes>
+  HalfRowDot(const QuantizedRows& act, int64_t row0, const RowCodes& row_codes)
+      : tile(act, row0), chunk_sums(act, row0), codes(row_codes.half) {}
+
+  // Half h of group g: its codes and per lane its chunk's scale.
+  static inline __attribute__((always_inline)) void half(Acc& acc, __m256i w, vf32x8 sw, const ActRecord* rec,
+                                                        int h) {
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      acc[r] += __builtin_convertvector((vi32x8)Codes::dot(w, rec[r].q + 32 * h), vf32x8) * (sw * rec[r].d[h]);
+    }
+  }
+
+  // What the block's chunks [c0, c0 + 8 * n) add beyond the codes' dot: offset * sum(x) - kZero * scale * sum(q d).
+  template <int n>
+  inline __attribute__((always_inline)) void block_sums(Acc& sums_acc, const vf32x8* scale, const vf32x8* offset,
+                                                        int64_t c0) const {
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      for (int i = 0; i < n; ++i) {
+        if constexpr (kOffset) sums_acc[r] += offset[i] * load_vec<vf32x8>(chunk_sums.x_of(r, c0 + 8 * i));
+        if constexpr (Codes::kZero != 0) {
+          sums_acc[r] -= (scale[i] * static_cast<float>(Codes::kZero)) * load_vec<vf32x8>(chunk_sums.q_of(r, c0 + 8 * i));
+        }
+      }
+    }
+  }
+
+  // Blocks [begin, end) of the row.
+  void run(const uint8_t* row, int64_t begin, int64_t end, float* res) {
+    constexpr float kCenter = static_cast<float>(code_center<Q, kOffset>());
+    Acc acc = {}, sums_acc = {};  // sums_acc: the offsets' and zero points' part, added per block
+    if constexpr (Q::kQK == 32) {
+      // Four blocks at a time for the chunk sums (8 chunks, one vector), one by one for the codes.
+      float scale[4], offset[4];
+      int64_t blk = begin;
+      // block b is half b % 2 of group b / 2 (begin is even: segments hold whole groups)
+      auto one = [&](int64_t b, const ActRecord* rec, int h, int i) __attribute__((always_inline)) {
+        const uint8_t* p = row + b * sizeof(B);
+        const auto s = Q::scale(reinterpret_cast<const B*>(p), 0);
+        scale[i] = s.scale;
+        offset[i] = signed_offset(s) + s.scale * kCenter;
+        half(acc, codes.template decode<0, 0>(p), (vf32x8)_mm256_set1_ps(s.scale), rec, h);
+      };
+      for (; blk + 4 <= end; blk += 4) {
+        __builtin_prefetch(row + blk * sizeof(B) + kPrefetchBytes);
+        __builtin_prefetch(row + blk * sizeof(B) + kPrefetchBytes + 64);
+        const ActRecord* rec = tile.records(blk / 2);
+        one(blk, rec, 0, 0);
+        one(blk + 1, rec, 1, 1);
+        one(blk + 2, rec + tile.stride, 0, 2);
+        one(blk + 3, rec + tile.stride, 1, 3);
+        if constexpr (kSums) {
+          const vf32x8 sw = {scale[0], scale[0], scale[1], scale[1], scale[2], scale[2], scale[3], scale[3]};
+          const vf32x8 ow = {offset[0], offset[0], offset[1], offset[1], offset[2], offset[2], offset[3], offset[3]};
+          block_sums<1>(sums_acc, &sw, &ow, 2 * blk);
+        }
+      }
+      for (; blk < end; ++blk) {
+        one(blk, tile.records(blk / 2), static_cast<int>(blk & 1), 0);
+        if constexpr (kSums) {
+#pragma GCC unroll 8
+          for (int r = 0; r < MR; ++r) {
+            for (int c = 0; c < 2; ++c) {
+              float add = 0.0f;
+              if constexpr (kOffset) add += offset[0] * *chunk_sums.x_of(r, 2 * blk + c);
+              if constexpr (Codes::kZero != 0) add -= scale[0] * static_cast<float>(Codes::kZero) * *chunk_sums.q_of(r, 2 * blk + c);
+              sums_acc[r][0] += add;
+            }
+          }
+        }
+      }
+    } else {
+      typename HalfScalesOf<Q>::type sc;
+      for (int64_t blk = begin; blk < end; ++blk) {
+        const uint8_t* p = row + blk * sizeof(B);
+        __builtin_prefetch(p + kPrefetchBytes);
+        __builtin_prefetch(p + kPrefetchBytes + 64);
+        __builtin_prefetch(p + kPrefetchBytes + 128);
+        sc.load_block(reinterpret_cast<const B*>(p));
+        const ActRecord* rec = tile.records(blk * 4);
+        [&]<int... C>(std::integer_sequence<int, C...>) __attribute__((always_inline)) {
+          // C: the block's halves; chunks 2C and 2C + 1 of group C / 2
+          (half(acc, codes.template decode<C / 2, C % 2>(p), sc.template half_scale<C>(), rec + C / 2 * tile.stride,
+                C % 2),
+           ...);
+        }(std::make_integer_sequence<int, 8>{});
+        if constexpr (kSums) {
+          const vf32x8 offset[2] = {sc.offset[0] + sc.scale[0] * kCenter, sc.offset[1] + sc.scale[1] * kCenter};
+          block_sums<2>(sums_acc, sc.scale, offset, 16 * blk);
+        }
+      }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      const vf32x8 t = acc[r] + sums_acc[r];
+      const __m128 s = _mm_add_ps(_mm256_castps256_ps128((__m256)t), _mm256_extractf128_ps((__m256)t, 1));
+      res[r] = (s[0] + s[1]) + (s[2] + s[3]);
+    }
+  }
+};
+
+#endif
+
+// The row dots of the variant, with the weight decoders they take. AVX-512 runs the 256-bit kernel for a single row
+// of x: measured on Zen 4 (which executes 512-bit operations in two halves) at 1.0-1.6x the speed of the 512-bit
+// kernel for one row, which is faster from 2 rows on (1.2x at 8).
+template <class Q, bool kOffset>
+struct RowCodes {
+#if defined(__AVX512VNNI__) && defined(__AVX512VBMI__)
+  GroupCodes<Q, kOffset> group;
+#endif
+#if defined(__AVX2__)
+  HalfCodes<Q, kOffset> half;
+#else
+  ChunkCodes<Q, kOffset> chunk;
+#endif
+};
+
+#if defined(__AVX512VNNI__) && defined(__AVX512VBMI__)
+template <class Q, int MR, bool kOffset>
+using RowDot = std::conditional_t<MR == 1, HalfRowDot<Q, MR, kOffset>, QuantRowDot<Q, MR, kOffset>>;
+#elif defined(__AVX2__)
+template <class Q, int MR, bool kOffset>
+using RowDot = HalfRowDot<Q, MR, kOffset>;
 #else
 template <class Q, int MR, bool kOffset>
-using RowDot = QuantRowDot<Q, MR, kOffset>;
+using RowDot = ChunkRowDot<Q, MR, kOffset>;
 #endif
 
 // Float weights: rows of x in float32, padded to whole rows of the tile.
@@ -749,7 +1054,7 @@ void forward_quantized(const MatmulArgs& a) {
   const int64_t n_blocks = a.K / Q::kQK;
   const int64_t row_bytes = n_blocks * sizeof(typename Q::B);
   const auto* w = static_cast<const uint8_t*>(a.w);
-  const GroupCodes<Q, kOffset> codes;
+  const RowCodes<Q, kOffset> codes;
   forward_tiles(a, row_bytes, sizeof(ActRecord) / kGroup, [&](int64_t n, int64_t m0, int64_t rows, int64_t k0,
                                                                int64_t k1, float* res) {
     with_tile(rows, [&]<int MR>() {
