@@ -98,6 +98,23 @@ struct NoContext {
   __device__ NoContext() {}
 };
 
+// Plain codes: a nibble is its code.
+struct Identity {
+  __device__ __forceinline__ uint32_t lookup(uint32_t idx) const { return idx; }
+};
+
+// The 32 nibbles of 16 bytes at `offset` (byte j: element j low, element 16 + j high) as codes through `map`.
+template <class Map>
+__device__ __forceinline__ void load_nibbles(const uint8_t* seg, int offset, const Map& map, Sub& s) {
+  uint32_t q[4];
+  sh_words(seg, offset, q);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    s.q[i] = map.lookup(q[i] & 0x0F0F0F0Fu);             // elements 4i..4i+3: low nibbles
+    s.q[4 + i] = map.lookup((q[i] >> 4) & 0x0F0F0F0Fu);  // elements 16+4i..: high nibbles
+  }
+}
+
 // Each format: Block, kQK, kBytes, kPerHalf, kZero, kOffset, Context, and
 //   load(ctx, seg, g, sub): x-block g of a staged segment that starts at a block boundary.
 // 32-element blocks: x-block g is block g. 256-element blocks: block g / 8, sub-block g % 8.
@@ -109,13 +126,7 @@ struct FmtQ4_0 {
   static constexpr bool kPerHalf = false;
   __device__ static void load(const Context&, const uint8_t* seg, int g, Sub& s) {
     const int o = g * static_cast<int>(sizeof(Block));
-    uint32_t q[4];
-    sh_words(seg, o + offsetof(Block, qs), q);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      s.q[i] = q[i] & 0x0F0F0F0Fu;             // elements 4i..4i+3: low nibbles
-      s.q[4 + i] = (q[i] >> 4) & 0x0F0F0F0Fu;  // elements 16+4i..: high nibbles
-    }
+    load_nibbles(seg, o + offsetof(Block, qs), Identity{}, s);
     s.a = half_bits(sh_u16(seg, o + offsetof(Block, d)));
   }
 };
@@ -127,13 +138,7 @@ struct FmtQ4_1 {
   static constexpr bool kPerHalf = false;
   __device__ static void load(const Context&, const uint8_t* seg, int g, Sub& s) {
     const int o = g * static_cast<int>(sizeof(Block));
-    uint32_t q[4];
-    sh_words(seg, o + offsetof(Block, qs), q);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      s.q[i] = q[i] & 0x0F0F0F0Fu;
-      s.q[4 + i] = (q[i] >> 4) & 0x0F0F0F0Fu;
-    }
+    load_nibbles(seg, o + offsetof(Block, qs), Identity{}, s);
     s.a = half_bits(sh_u16(seg, o + offsetof(Block, d)));
     s.b = half_bits(sh_u16(seg, o + offsetof(Block, m)));  // + m per element
   }
@@ -198,13 +203,7 @@ struct FmtIQ4_NL {
   static constexpr bool kPerHalf = false;
   __device__ static void load(const Context& c, const uint8_t* seg, int g, Sub& s) {
     const int o = g * static_cast<int>(sizeof(Block));
-    uint32_t q[4];
-    sh_words(seg, o + offsetof(Block, qs), q);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      s.q[i] = c.lookup(q[i] & 0x0F0F0F0Fu);
-      s.q[4 + i] = c.lookup((q[i] >> 4) & 0x0F0F0F0Fu);
-    }
+    load_nibbles(seg, o + offsetof(Block, qs), c, s);
     s.a = half_bits(sh_u16(seg, o + offsetof(Block, d)));
   }
 };
@@ -219,13 +218,7 @@ struct FmtMXFP4 {
   static constexpr bool kPerHalf = false;
   __device__ static void load(const Context& c, const uint8_t* seg, int g, Sub& s) {
     const int o = g * static_cast<int>(sizeof(Block));
-    uint32_t q[4];
-    sh_words(seg, o + offsetof(Block, qs), q);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      s.q[i] = c.lookup(q[i] & 0x0F0F0F0Fu);
-      s.q[4 + i] = c.lookup((q[i] >> 4) & 0x0F0F0F0Fu);
-    }
+    load_nibbles(seg, o + offsetof(Block, qs), c, s);
     s.a = ggml_ext_e8m0_half_to_float(seg[o + offsetof(Block, e)]);
   }
 };
@@ -354,16 +347,10 @@ struct FmtIQ4_XS {
   };
   __device__ static void load(const Context& c, const uint8_t* seg, int g, Sub& s) {
     const int sb = g & 7, o = (g >> 3) * static_cast<int>(sizeof(Block));
-    uint32_t q[4];
     Scales sc;
-    sh_words(seg, o + offsetof(Block, qs) + 16 * sb, q);
+    load_nibbles(seg, o + offsetof(Block, qs) + 16 * sb, c, s);
     sh_words(seg, o + offsetof(Block, scales_l), sc.scales_l.w);
     sc.scales_h = sh_u16(seg, o + offsetof(Block, scales_h));
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      s.q[i] = c.lookup(q[i] & 0x0F0F0F0Fu);
-      s.q[4 + i] = c.lookup((q[i] >> 4) & 0x0F0F0F0Fu);
-    }
     s.a = half_bits(sh_u16(seg, o + offsetof(Block, d))) * static_cast<float>(ggml_ext_iq4xs_scale(&sc, sb));
   }
 };

@@ -330,19 +330,10 @@ QuantizedMatmulPlan dot_plan(const QuantizedMatmulArgs& a) {
 template <typename Make>
 QuantizedMatmulPlan with_format(int type, Make&& make) {
   switch (type) {
-    case GGML_EXT_TYPE_Q4_0: return make(decode::FmtQ4_0{});
-    case GGML_EXT_TYPE_Q4_1: return make(decode::FmtQ4_1{});
-    case GGML_EXT_TYPE_Q5_0: return make(decode::FmtQ5_0{});
-    case GGML_EXT_TYPE_Q5_1: return make(decode::FmtQ5_1{});
-    case GGML_EXT_TYPE_Q8_0: return make(decode::FmtQ8_0{});
-    case GGML_EXT_TYPE_Q2_K: return make(decode::FmtQ2_K{});
-    case GGML_EXT_TYPE_Q3_K: return make(decode::FmtQ3_K{});
-    case GGML_EXT_TYPE_Q4_K: return make(decode::FmtQ4_K{});
-    case GGML_EXT_TYPE_Q5_K: return make(decode::FmtQ5_K{});
-    case GGML_EXT_TYPE_Q6_K: return make(decode::FmtQ6_K{});
-    case GGML_EXT_TYPE_IQ4_NL: return make(decode::FmtIQ4_NL{});
-    case GGML_EXT_TYPE_IQ4_XS: return make(decode::FmtIQ4_XS{});
-    case GGML_EXT_TYPE_MXFP4: return make(decode::FmtMXFP4{});
+#define GGML_EXT_FORMAT_CASE(NAME, name, id, qk, bytes) \
+  case GGML_EXT_TYPE_##NAME: return make(decode::Fmt##NAME{});
+    GGML_EXT_FOR_EACH_QUANT_TYPE(GGML_EXT_FORMAT_CASE)
+#undef GGML_EXT_FORMAT_CASE
     default: return {};
   }
 }
