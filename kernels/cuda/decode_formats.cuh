@@ -2,8 +2,9 @@
 // (an "x-block": the span of one int8 scale of the quantized activations) as 32 int8 codes in 8 words, in
 // x's element order, plus what turns their integer dot with x's codes into a float.
 //
-// The weight rows are staged in shared memory as raw bytes (ggml blocks are only 2-byte aligned, MXFP4's
-// 1-byte), so every field is read as aligned 32-bit words joined by funnel shifts (sh_words). The block
+// The weight rows are read as raw bytes, from global memory when they are 4-byte aligned, else staged in shared
+// memory (ggml blocks are only 2-byte aligned, MXFP4's 1-byte), so every field is read as aligned 32-bit words
+// joined by funnel shifts (sh_words). The block
 // structs, field offsets and the scale/min/codebook helpers are those of kernels/common/ggml_blocks.h; the
 // offsets used below are checked against the structs with offsetof.
 //
@@ -23,8 +24,9 @@ namespace ggml_ext::cuda::decode {
 
 // ------------------------------------------------------------------------------------------------ reading
 
-// N little-endian words starting at byte `offset` (any alignment) of a shared buffer `base` (4-byte
-// aligned): N + 1 aligned loads (the last may read up to 3 bytes past the data: buffers are padded).
+// N little-endian words starting at byte `offset` (any alignment) of a buffer `base` (4-byte aligned, shared or
+// global): the N aligned words that hold them, plus the next one when `offset` is unaligned (so a buffer whose
+// length is a multiple of 4 is never read past its end).
 template <int N>
 __device__ __forceinline__ void sh_words(const uint8_t* base, int offset, uint32_t (&out)[N]) {
   const uint32_t* w = reinterpret_cast<const uint32_t*>(base + (offset & ~3));
@@ -32,7 +34,7 @@ __device__ __forceinline__ void sh_words(const uint8_t* base, int offset, uint32
   uint32_t prev = w[0];
 #pragma unroll
   for (int i = 0; i < N; ++i) {
-    const uint32_t next = w[i + 1];
+    const uint32_t next = (i + 1 < N || shift != 0) ? w[i + 1] : 0u;
     out[i] = __funnelshift_r(prev, next, shift);  // shift 0: prev
     prev = next;
   }

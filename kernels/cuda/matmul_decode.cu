@@ -175,6 +175,56 @@ __device__ __forceinline__ decode::XBlock load_x(const uint8_t* codes, const XRe
   return x;
 }
 
+// Rows whose base and length are multiples of 4 bytes: each lane reads its x-blocks' words straight from global
+// memory (no shared-memory stage, so more warps are resident per SM and each keeps its loads in flight
+// across x-blocks).
+template <class F, int MB, typename T>
+__global__ void __launch_bounds__(warps_per_block<MB>() * 32) decode_direct_kernel(QuantizedMatmulArgs a) {
+  constexpr int R = rows_per_warp<MB>(), kWarps = warps_per_block<MB>();
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t n0 = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * R;
+  if (n0 >= a.n) return;
+  const int64_t z = blockIdx.y;
+  const int m = static_cast<int>(a.m);
+  const int xblocks = static_cast<int>(a.k / 32);
+  const uint8_t* rows[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {  // rows past n read the last row and store nothing
+    const int64_t n = n0 + r < a.n ? n0 + r : a.n - 1;
+    rows[r] = static_cast<const uint8_t*>(a.w) + (weight_batch(a, z) * a.n + n) * a.row_bytes;
+  }
+  const uint8_t* codes = static_cast<const uint8_t*>(a.workspace) + z * a.m * a.k;
+  const XRecord* records =
+      reinterpret_cast<const XRecord*>(static_cast<const uint8_t*>(a.workspace) + records_offset(a)) +
+      z * a.m * xblocks;
+  const typename F::Context ctx;
+  float acc[R][MB] = {};
+#pragma unroll 2
+  for (int g = lane; g < xblocks; g += 32) {
+    decode::Sub w[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) F::load(ctx, rows[r], g, w[r]);
+#pragma unroll
+    for (int i = 0; i < MB; ++i) {
+      if (i < m) {
+        const decode::XBlock x = load_x(codes + i * a.k, records + i * xblocks, g);
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[r][i] += decode::sub_dot<F>(w[r], x);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int i = 0; i < MB; ++i) {
+      if (i < m) {
+        const float sum = warp_sum(acc[r][i]);
+        if (lane == (r * MB + i) % 32 && n0 + r < a.n) store_output<T>(a, (z * a.m + i) * a.n + n0 + r, sum);
+      }
+    }
+  }
+}
+
 template <class F, int MB, typename T>
 __global__ void __launch_bounds__(warps_per_block<MB>() * 32) decode_dot_kernel(QuantizedMatmulArgs a) {
   constexpr int R = rows_per_warp<MB>(), kWarps = warps_per_block<MB>();
@@ -300,7 +350,9 @@ QuantizedMatmulPlan float_plan(const QuantizedMatmulArgs& a) {
 template <class F, int MB, typename T>
 void set_dot_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
   constexpr int kRowsPerBlock = rows_per_warp<MB>() * warps_per_block<MB>();
-  l.kernel = reinterpret_cast<const void*>(&decode_dot_kernel<F, MB, T>);
+  const bool words = (reinterpret_cast<uintptr_t>(a.w) | static_cast<uintptr_t>(a.row_bytes)) % 4 == 0;
+  l.kernel = words ? reinterpret_cast<const void*>(&decode_direct_kernel<F, MB, T>)
+                   : reinterpret_cast<const void*>(&decode_dot_kernel<F, MB, T>);
   l.grid = dim3(ceil_div(a.n, kRowsPerBlock), static_cast<unsigned>(a.batches));
   l.block = dim3(warps_per_block<MB>() * 32);
 }
