@@ -199,7 +199,7 @@ __global__ void __launch_bounds__(warps_per_block<MB>() * 32) decode_direct_kern
       z * a.m * xblocks;
   const typename F::Context ctx;
   float acc[R][MB] = {};
-#pragma unroll 2
+#pragma unroll 4  // four x-blocks' loads in flight per lane
   for (int g = lane; g < xblocks; g += 32) {
     decode::Sub w[R];
 #pragma unroll
