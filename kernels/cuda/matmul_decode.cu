@@ -4,7 +4,9 @@
 //   0. quantize_x: each 32 elements of every row of x become 32 int8 codes (scale d = amax / 127, rounded half
 //      away from zero: ggml's Q8_0 with a float32 scale) plus a record {d, the code sums of both 16-element
 //      halves}; codes contiguous per row (the dot reads 16 bytes at a time), records apart. Workspace.
-//   1. dot: a warp owns R weight rows and walks them in segments of 128 x-blocks (4096 elements). Each
+//   1. dot: a warp owns R weight rows. Rows on 4-byte boundaries (decode_direct_kernel): each lane reads the
+//      words of its x-blocks straight from global memory, four x-blocks in flight, and takes __dp4a products as
+//      below. Other rows (decode_dot_kernel) are walked in segments of 128 x-blocks (4096 elements). Each
 //      segment of each row is copied into the warp's shared memory with the widest loads the row's alignment
 //      allows (16 bytes for every benchmarked shape; rows are contiguous, so the warp's loads are too), then
 //      each lane decodes 4 x-blocks of it (decode_formats.cuh: ggml blocks are only 2-byte aligned, so fields
