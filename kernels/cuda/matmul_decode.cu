@@ -177,54 +177,76 @@ __device__ __forceinline__ decode::XBlock load_x(const uint8_t* codes, const XRe
   return x;
 }
 
-// Rows whose base and length are multiples of 4 bytes: each lane reads its x-blocks' words straight from global
-// memory (no shared-memory stage, so more warps are resident per SM and each keeps its loads in flight
-// across x-blocks).
-template <class F, int MB, typename T>
-__global__ void __launch_bounds__(warps_per_block<MB>() * 32) decode_direct_kernel(QuantizedMatmulArgs a) {
-  constexpr int R = rows_per_warp<MB>(), kWarps = warps_per_block<MB>();
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int64_t n0 = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * R;
-  if (n0 >= a.n) return;
-  const int64_t z = blockIdx.y;
-  const int m = static_cast<int>(a.m);
-  const int xblocks = static_cast<int>(a.k / 32);
+// What both dot kernels share: a warp's R weight rows (rows past n read the last row and store nothing), x's codes
+// and records for its batch, the products of x-blocks with them, and the sums stored at the end.
+template <class F, int MB>
+struct WarpDot {
+  static constexpr int R = rows_per_warp<MB>();
+  const QuantizedMatmulArgs& a;
+  int64_t n0, z, xblocks;
+  int m;
   const uint8_t* rows[R];
-#pragma unroll
-  for (int r = 0; r < R; ++r) {  // rows past n read the last row and store nothing
-    const int64_t n = n0 + r < a.n ? n0 + r : a.n - 1;
-    rows[r] = static_cast<const uint8_t*>(a.w) + (weight_batch(a, z) * a.n + n) * a.row_bytes;
-  }
-  const uint8_t* codes = static_cast<const uint8_t*>(a.workspace) + z * a.m * a.k;
-  const XRecord* records =
-      reinterpret_cast<const XRecord*>(static_cast<const uint8_t*>(a.workspace) + records_offset(a)) +
-      z * a.m * xblocks;
+  const uint8_t* codes;
+  const XRecord* records;
   const typename F::Context ctx;
   float acc[R][MB] = {};
-#pragma unroll 4  // four x-blocks' loads in flight per lane
-  for (int g = lane; g < xblocks; g += 32) {
+
+  __device__ WarpDot(const QuantizedMatmulArgs& args, int64_t first_row)
+      : a(args), n0(first_row), z(blockIdx.y), xblocks(args.k / 32), m(static_cast<int>(args.m)) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int64_t n = n0 + r < a.n ? n0 + r : a.n - 1;
+      rows[r] = static_cast<const uint8_t*>(a.w) + (weight_batch(a, z) * a.n + n) * a.row_bytes;
+    }
+    codes = static_cast<const uint8_t*>(a.workspace) + z * a.m * a.k;
+    records = reinterpret_cast<const XRecord*>(static_cast<const uint8_t*>(a.workspace) + records_offset(a)) +
+              z * a.m * xblocks;
+  }
+
+  // x-block xb of every row, read as x-block g of src[r] (the row itself, or its staged segment).
+  __device__ __forceinline__ void add(const uint8_t* const (&src)[R], int g, int64_t xb) {
     decode::Sub w[R];
 #pragma unroll
-    for (int r = 0; r < R; ++r) F::load(ctx, rows[r], g, w[r]);
+    for (int r = 0; r < R; ++r) F::load(ctx, src[r], g, w[r]);
 #pragma unroll
     for (int i = 0; i < MB; ++i) {
       if (i < m) {
-        const decode::XBlock x = load_x(codes + i * a.k, records + i * xblocks, g);
+        const decode::XBlock x = load_x(codes + i * a.k, records + i * xblocks, xb);
 #pragma unroll
         for (int r = 0; r < R; ++r) acc[r][i] += decode::sub_dot<F>(w[r], x);
       }
     }
   }
+
+  template <typename T>
+  __device__ __forceinline__ void store(int lane) {
 #pragma unroll
-  for (int r = 0; r < R; ++r) {
+    for (int r = 0; r < R; ++r) {
 #pragma unroll
-    for (int i = 0; i < MB; ++i) {
-      if (i < m) {
-        const float sum = warp_sum(acc[r][i]);
-        if (lane == (r * MB + i) % 32 && n0 + r < a.n) store_output<T>(a, (z * a.m + i) * a.n + n0 + r, sum);
+      for (int i = 0; i < MB; ++i) {
+        if (i < m) {
+          const float sum = warp_sum(acc[r][i]);
+          if (lane == (r * MB + i) % 32 && n0 + r < a.n) store_output<T>(a, (z * a.m + i) * a.n + n0 + r, sum);
+        }
       }
     }
   }
+};
+
+// Rows whose base and length are multiples of 4 bytes: each lane reads its x-blocks' words straight from global
+// memory (no shared-memory stage, so more warps are resident per SM and each keeps its loads in flight
+// across x-blocks).
+template <class F, int MB, typename T>
+__global__ void __launch_bounds__(warps_per_block<MB>() * 32) decode_direct_kernel(QuantizedMatmulArgs a) {
+  constexpr int kWarps = warps_per_block<MB>();
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t n0 = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * rows_per_warp<MB>();
+  if (n0 >= a.n) return;
+  WarpDot<F, MB> dot(a, n0);
+  const int xblocks = static_cast<int>(dot.xblocks);
+#pragma unroll 4  // four x-blocks' loads in flight per lane
+  for (int g = lane; g < xblocks; g += 32) dot.add(dot.rows, g, g);
+  dot.template store<T>(lane);
 }
 
 template <class F, int MB, typename T>
@@ -235,64 +257,32 @@ __global__ void __launch_bounds__(warps_per_block<MB>() * 32) decode_dot_kernel(
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t n0 = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * R;
   if (n0 >= a.n) return;  // the whole warp: only __syncwarp below
-  const int64_t z = blockIdx.y;
-  const int m = static_cast<int>(a.m);
-  const int64_t xblocks = a.k / 32;
-  const uint8_t* rows[R];
-#pragma unroll
-  for (int r = 0; r < R; ++r) {  // rows past n read the last row and store nothing
-    const int64_t n = n0 + r < a.n ? n0 + r : a.n - 1;
-    rows[r] = static_cast<const uint8_t*>(a.w) + (weight_batch(a, z) * a.n + n) * a.row_bytes;
-  }
+  WarpDot<F, MB> dot(a, n0);
   // The widest word (16 bytes at most) that divides the weight's base address and row length.
   const uint64_t align_bits = reinterpret_cast<uintptr_t>(a.w) | static_cast<uint64_t>(a.row_bytes) | 16u;
   const int width = static_cast<int>(align_bits & (~align_bits + 1));
-  const uint8_t* codes = static_cast<const uint8_t*>(a.workspace) + z * a.m * a.k;
-  const XRecord* records =
-      reinterpret_cast<const XRecord*>(static_cast<const uint8_t*>(a.workspace) + records_offset(a)) +
-      z * a.m * xblocks;
   uint4 (*stage)[S::kWords] = stage_all[warp];
-  const typename F::Context ctx;
+  const uint8_t* staged[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) staged[r] = reinterpret_cast<const uint8_t*>(stage[r]);
 
-  float acc[R][MB] = {};
-  for (int64_t xb0 = 0; xb0 < xblocks; xb0 += S::kXBlocks) {
+  for (int64_t xb0 = 0; xb0 < dot.xblocks; xb0 += S::kXBlocks) {
     const int64_t offset = xb0 * 32 / F::kQK * static_cast<int64_t>(sizeof(typename F::Block));
     const int64_t left = a.row_bytes - offset;
     const int bytes = static_cast<int>(left < S::kBytes ? left : S::kBytes);
-    stage_rows<F, R>(rows, offset, bytes, stage, width, lane);
+    stage_rows<F, R>(dot.rows, offset, bytes, stage, width, lane);
     __syncwarp();
-    const int seg_xblocks = static_cast<int>(xblocks - xb0 < S::kXBlocks ? xblocks - xb0 : S::kXBlocks);
+    const int seg_xblocks = static_cast<int>(dot.xblocks - xb0 < S::kXBlocks ? dot.xblocks - xb0 : S::kXBlocks);
     // Independent x-blocks interleaved when registers allow (one row of each); else one at a time.
     constexpr int kUnroll = R * MB <= 2 ? S::kLaneXBlocks : 1;
 #pragma unroll kUnroll
     for (int p = 0; p < S::kLaneXBlocks; ++p) {
       const int g = lane + 32 * p;
-      if (g < seg_xblocks) {
-        decode::Sub w[R];
-#pragma unroll
-        for (int r = 0; r < R; ++r) F::load(ctx, reinterpret_cast<const uint8_t*>(stage[r]), g, w[r]);
-#pragma unroll
-        for (int i = 0; i < MB; ++i) {
-          if (i < m) {
-            const decode::XBlock x = load_x(codes + i * a.k, records + i * xblocks, xb0 + g);
-#pragma unroll
-            for (int r = 0; r < R; ++r) acc[r][i] += decode::sub_dot<F>(w[r], x);
-          }
-        }
-      }
+      if (g < seg_xblocks) dot.add(staged, g, xb0 + g);
     }
     __syncwarp();  // the stage is rewritten next
   }
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-#pragma unroll
-    for (int i = 0; i < MB; ++i) {
-      if (i < m) {
-        const float sum = warp_sum(acc[r][i]);
-        if (lane == (r * MB + i) % 32 && n0 + r < a.n) store_output<T>(a, (z * a.m + i) * a.n + n0 + r, sum);
-      }
-    }
-  }
+  dot.template store<T>(lane);
 }
 
 // ------------------------------------------------------------------------------------------------ float
