@@ -222,10 +222,10 @@ def test_rope(kernels, ftype, mode, case, inverse):
 
 # ----------------------------------------------------------------------------- quantized matmul
 
-def matmul_case(kernels, t, x_type, m, transpose, batch=(1, 1), w_batch=(1, 1), n=40, out_f32=False):
+def matmul_case(kernels, t, x_type, m, transpose, batch=(1, 1), w_batch=(1, 1), n=40, out_f32=False, k=None):
     """Runs the kernel on random data; returns (got, expected float64)."""
     rng = np.random.default_rng(int(t) * 100 + m)
-    k = 2 * max(t.block_size, 32) + (3 if t.is_float else 0)
+    k = k or 2 * max(t.block_size, 32) + (3 if t.is_float else 0)
     (b3, b2), (a3, a2) = batch, w_batch
     w = np.stack([reference.random_blocks(rng, t.name, n, k) for _ in range(a3 * a2)])  # (A, N, row_bytes)
     w_values = np.stack([reference.dequantize(wi, t.name, (n, k)) for wi in w])        # float64 (A, N, K)
@@ -252,15 +252,28 @@ def test_quantized_matmul_float32(kernels, t, m, transpose):
     assert nmse(got, expected) < 1e-10
 
 
+HALF_BOUND = {F16: 2e-6, BF16: 1e-4}  # one rounding of weight and output: (2^-11)^2 or (2^-8)^2 scale
+
+
 @pytest.mark.parametrize("x_type", [F16, BF16])
-@pytest.mark.parametrize("t", [GGMLType.Q4_0, GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0, GGMLType.IQ4_XS,
-                               GGMLType.MXFP4, GGMLType.F16, GGMLType.F32], ids=lambda t: t.name)
+@pytest.mark.parametrize("t", list(GGMLType), ids=lambda t: t.name)
 @pytest.mark.parametrize("m, transpose, out_f32", [(70, False, False), (70, True, True)], ids=str)
 def test_quantized_matmul_half_inputs(kernels, t, x_type, m, transpose, out_f32):
-    """float16/bfloat16 x: the tensor-core tiles (the weight rounded to x's type), float32 sums. (Decode: below.)"""
+    """float16/bfloat16 x: the tensor-core tiles (the weight rounded to x's type), float32 sums; quantized rows on
+    4-byte boundaries decoded from aligned words (all but MXFP4's 34-byte rows here). (Decode: below.)"""
     got, expected = matmul_case(kernels, t, x_type, m, transpose, out_f32=out_f32)
-    bound = {F16: 2e-6, BF16: 1e-4}[x_type]  # one rounding of weight and output: (2^-11)^2 or (2^-8)^2 scale
-    assert nmse(got, expected) < bound
+    assert nmse(got, expected) < HALF_BOUND[x_type]
+
+
+@pytest.mark.parametrize("t, k", [(GGMLType.Q4_0, 96), (GGMLType.Q8_0, 96), (GGMLType.Q4_1, 96),
+                                  (GGMLType.Q4_K, 768), (GGMLType.F16, 67)], ids=str)
+@pytest.mark.parametrize("m, transpose", [(9, False), (130, False), (3, True), (65, True)], ids=str)
+def test_quantized_matmul_half_tiles_edges(kernels, t, k, m, transpose):
+    """The tensor-core tiles at their edges: a last reduction step half full (k = 96, 67; 768 = 12 steps of 64),
+    rows of x past a 64-row tile, outputs past 128 (n = 130 transposed) and rows only 2-byte aligned (Q4_0 and
+    Q8_0 with 3 blocks: the reference decoders; Q4_1, Q4_K: aligned words)."""
+    got, expected = matmul_case(kernels, t, F16, m, transpose, n=130 if transpose else 40, k=k)
+    assert nmse(got, expected) < HALF_BOUND[F16]
 
 
 @pytest.mark.parametrize("t", [GGMLType.Q5_1, GGMLType.Q3_K, GGMLType.BF16], ids=lambda t: t.name)

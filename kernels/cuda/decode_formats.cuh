@@ -398,4 +398,19 @@ __device__ __forceinline__ float sub_dot(const Sub& w, const XBlock& x) {
   return r;
 }
 
+// The 32 weight values of a sub-block (what sub_dot multiplies x by): a * ia * (code - kZero) + the offset.
+template <class F>
+__device__ __forceinline__ void sub_values(const Sub& w, float (&v)[32]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float scale = F::kPerHalf ? w.a * static_cast<float>(h ? w.ia1 : w.ia0) : w.a;
+    const float offset = F::kOffset == 1 ? w.b : F::kOffset == 2 ? w.b * static_cast<float>(h ? w.ib1 : w.ib0) : 0.0f;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const int code = static_cast<int8_t>((w.q[4 * h + j / 4] >> (8 * (j % 4))) & 0xFFu) - F::kZero;
+      v[16 * h + j] = F::kOffset != 0 ? scale * static_cast<float>(code) + offset : scale * static_cast<float>(code);
+    }
+  }
+}
+
 }  // namespace ggml_ext::cuda::decode

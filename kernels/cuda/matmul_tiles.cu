@@ -1,43 +1,53 @@
-// Tiles (prefill, and the transposed product of the vjp): 64x64 outputs per block, the weight decoded 32
-// reduction steps at a time into shared memory in x's type, then tensor cores (WMMA, float32 accumulation)
-// for float16/bfloat16 x, or float32 FMAs for float32 x (no precision lost to the inputs).
+// Tiles (prefill, and the transposed product of the vjp): each block computes a tile of outputs for a tile of
+// rows of x, walking the reduction in steps; each step's weights are decoded once into shared memory and
+// reused by every row of the tile.
+//   float16/bfloat16 x: tensor cores (WMMA, float32 accumulation) on 64 rows x 128 outputs, 64 reduction steps;
+//     the weight rounded to x's type. Each thread decodes one 32-element x-block per step, into registers
+//     while the warps multiply the previous step (one shared stage, loads of step s+1 in flight during step s).
+//     Weight rows on 4-byte boundaries are read as aligned words (decode_formats.cuh, as the decode kernels
+//     do); others, and float weights, through the reference decoders (weights.cuh).
+//   float32 x: float32 FMAs on 64x64 tiles, 32 reduction steps (no precision lost to the inputs).
+#include "kernels/cuda/decode_formats.cuh"
 #include "kernels/cuda/matmul_common.cuh"
-// Tensor cores (WMMA, bfloat16 included) under nvcc for sm_80 and newer (and in the host emulation of
-// tests/cuda_emulation, which supplies the API); for an older target a build asks for, float32 FMAs.
+// Tensor cores (WMMA, bfloat16 included) need sm_80; the host emulation of tests/cuda_emulation supplies the API.
 #if defined(GGML_EXT_CUDA_EMULATION)
-#define GGML_EXT_CUDA_WMMA 1
-#elif defined(__CUDACC__) && (!defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800)
-#define GGML_EXT_CUDA_WMMA 1
-#include <mma.h>
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#error "mlx-ggml-ext's CUDA kernels need sm_80 or newer (tensor-core tiles): set CMAKE_CUDA_ARCHITECTURES to 80 or higher"
 #else
-#define GGML_EXT_CUDA_WMMA 0
+#include <mma.h>
 #endif
 namespace ggml_ext::cuda {
 namespace {
-constexpr int kTileM = 64, kTileOut = 64, kTileReduce = 32, kTileThreads = 128;
-constexpr int kPadX = 8, kPadW = 8, kPadOut = 4;  // keep WMMA's 32-byte row alignment, spread the banks
-template <typename T>
-using XTile = T[kTileM][kTileReduce + kPadX];
-template <typename T>
-using WTile = T[kTileReduce][kTileOut + kPadW];  // the weight as (reduction, output)
 
-// The 64x64 float32 accumulators of a tile, with the multiply of one (x, weight) pair of shared tiles.
-// FMAs: each thread owns 8 rows x 4 outputs; each 32-step tile is summed on its own before it is added, which
-// keeps float32 rounding over long reductions near that of a pairwise sum.
-template <typename T>
+// Which reduction index and output a tile element belongs to, forward or transposed.
+template <bool kTranspose>
+struct Orientation {
+  const QuantizedMatmulArgs& a;
+  __device__ int64_t reduce() const { return kTranspose ? a.n : a.k; }
+  __device__ int64_t outs() const { return kTranspose ? a.k : a.n; }
+};
+
+// ------------------------------------------------------------------------------------------------ float32 x
+
+constexpr int kFmaM = 64, kFmaOut = 64, kFmaReduce = 32, kFmaThreads = 128;
+constexpr int kFmaPad = 8;  // spreads the banks
+
+// The 64x64 float32 accumulators of a tile: each thread owns 8 rows x 4 outputs; each 32-step tile is summed
+// on its own before it is added, which keeps float32 rounding over long reductions near that of a pairwise sum.
 struct FmaAccumulators {
   float acc[8][4] = {};
   __device__ int row() const { return (threadIdx.x / 16) * 8; }
   __device__ int col() const { return (threadIdx.x % 16) * 4; }
-  __device__ void multiply(const XTile<T>& xs, const WTile<T>& ws) {
+  __device__ void multiply(const float (&xs)[kFmaM][kFmaReduce + kFmaPad],
+                           const float (&ws)[kFmaReduce][kFmaOut + kFmaPad]) {
     float part[8][4] = {};
 #pragma unroll 8
-    for (int r = 0; r < kTileReduce; ++r) {
+    for (int r = 0; r < kFmaReduce; ++r) {
       float xv[8], wv[4];
 #pragma unroll
-      for (int i = 0; i < 8; ++i) xv[i] = to_float(xs[row() + i][r]);
+      for (int i = 0; i < 8; ++i) xv[i] = xs[row() + i][r];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) wv[j] = to_float(ws[r][col() + j]);
+      for (int j = 0; j < 4; ++j) wv[j] = ws[r][col() + j];
 #pragma unroll
       for (int i = 0; i < 8; ++i)
 #pragma unroll
@@ -48,94 +58,34 @@ struct FmaAccumulators {
 #pragma unroll
       for (int j = 0; j < 4; ++j) acc[i][j] += part[i][j];
   }
-  // out(i, j, value) for the tile's row i and output j.
-  template <typename Out>
-  __device__ void store(Out&& out) const {
-#pragma unroll
-    for (int i = 0; i < 8; ++i)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) out(row() + i, col() + j, acc[i][j]);
-  }
 };
 
-#if GGML_EXT_CUDA_WMMA
-// Tensor cores: 2x2 warps, each 2x2 fragments of 16x16.
-template <typename T>
-struct WmmaAccumulators {
-  nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> acc[2][2];
-  __device__ int warp_row() const { return (threadIdx.x / 32 / 2) * 32; }
-  __device__ int warp_col() const { return (threadIdx.x / 32 % 2) * 32; }
-  __device__ WmmaAccumulators() {
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-#pragma unroll
-      for (int j = 0; j < 2; ++j) nvcuda::wmma::fill_fragment(acc[i][j], 0.0f);
-  }
-  __device__ void multiply(const XTile<T>& xs, const WTile<T>& ws) {
-    namespace wmma = nvcuda::wmma;
-#pragma unroll
-    for (int kk = 0; kk < kTileReduce; kk += 16) {
-      wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa[2];
-      wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> fb[2];
-#pragma unroll
-      for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(fa[i], &xs[warp_row() + 16 * i][kk], kTileReduce + kPadX);
-#pragma unroll
-      for (int j = 0; j < 2; ++j) wmma::load_matrix_sync(fb[j], &ws[kk][warp_col() + 16 * j], kTileOut + kPadW);
-#pragma unroll
-      for (int i = 0; i < 2; ++i)
-#pragma unroll
-        for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
-    }
-  }
-  // Through shared memory: fragments have no documented element layout. Called by the whole block.
-  template <typename Out>
-  __device__ void store(Out&& out) const {
-    __shared__ __align__(128) float tile[kTileM][kTileOut + kPadOut];
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-#pragma unroll
-      for (int j = 0; j < 2; ++j)
-        nvcuda::wmma::store_matrix_sync(&tile[warp_row() + 16 * i][warp_col() + 16 * j], acc[i][j],
-                                        kTileOut + kPadOut, nvcuda::wmma::mem_row_major);
-    __syncthreads();
-    for (int e = threadIdx.x; e < kTileM * kTileOut; e += kTileThreads) out(e / kTileOut, e % kTileOut, tile[e / kTileOut][e % kTileOut]);
-  }
-};
-template <typename T>
-using Accumulators = std::conditional_t<std::is_same_v<T, float>, FmaAccumulators<T>, WmmaAccumulators<T>>;
-#else
-template <typename T>
-using Accumulators = FmaAccumulators<T>;
-#endif
-
-// Output tile (kTileM rows of x) x (kTileOut outputs); the reduction runs over k (forward) or n (transposed).
-template <typename Weights, typename T, bool kTranspose>
-__global__ void __launch_bounds__(kTileThreads) tiled_kernel(QuantizedMatmulArgs a) {
-  __shared__ __align__(128) XTile<T> xs;
-  __shared__ __align__(128) WTile<T> ws;
+template <typename Weights, bool kTranspose>
+__global__ void __launch_bounds__(kFmaThreads) fma_tiles_kernel(QuantizedMatmulArgs a) {
+  __shared__ __align__(16) float xs[kFmaM][kFmaReduce + kFmaPad];
+  __shared__ __align__(16) float ws[kFmaReduce][kFmaOut + kFmaPad];  // the weight as (reduction, output)
   const int t = threadIdx.x;
   const int64_t z = blockIdx.z;
-  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kTileM;
-  const int64_t o0 = static_cast<int64_t>(blockIdx.x) * kTileOut;
-  const int64_t reduce = kTranspose ? a.n : a.k;
-  const int64_t outs = kTranspose ? a.k : a.n;
-  const T* x = static_cast<const T*>(a.x) + z * a.m * reduce;
+  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kFmaM;
+  const int64_t o0 = static_cast<int64_t>(blockIdx.x) * kFmaOut;
+  const Orientation<kTranspose> o{a};
+  const int64_t reduce = o.reduce(), outs = o.outs();
+  const float* x = static_cast<const float*>(a.x) + z * a.m * reduce;
   const uint8_t* w = static_cast<const uint8_t*>(a.w) + weight_batch(a, z) * a.n * a.row_bytes;
 
-  Accumulators<T> acc;
-  for (int64_t r0 = 0; r0 < reduce; r0 += kTileReduce) {
+  FmaAccumulators acc;
+  for (int64_t r0 = 0; r0 < reduce; r0 += kFmaReduce) {
     {  // x tile: thread t fills 16 elements of row t / 2
       const int i = t / 2, j0 = 16 * (t % 2);
-      const int64_t m = m0 + i;
       float v[16];
-      if (m < a.m) {
-        load_x_chunk(x + m * reduce, (r0 + j0) / 16, reduce, false, v);
+      if (m0 + i < a.m) {
+        load_x_chunk(x + (m0 + i) * reduce, (r0 + j0) / 16, reduce, false, v);
       } else {
 #pragma unroll
         for (int j = 0; j < 16; ++j) v[j] = 0.0f;
       }
 #pragma unroll
-      for (int j = 0; j < 16; ++j) xs[i][j0 + j] = from_float<T>(v[j]);
+      for (int j = 0; j < 16; ++j) xs[i][j0 + j] = v[j];
     }
     {  // weight tile: one 16-element chunk of a weight row per thread
       float v[16];
@@ -149,35 +99,259 @@ __global__ void __launch_bounds__(kTileThreads) tiled_kernel(QuantizedMatmulArgs
       }
       if constexpr (kTranspose) {
 #pragma unroll
-        for (int j = 0; j < 16; ++j) ws[t / 4][16 * (t % 4) + j] = from_float<T>(v[j]);
+        for (int j = 0; j < 16; ++j) ws[t / 4][16 * (t % 4) + j] = v[j];
       } else {
 #pragma unroll
-        for (int j = 0; j < 16; ++j) ws[16 * (t % 2) + j][t / 2] = from_float<T>(v[j]);
+        for (int j = 0; j < 16; ++j) ws[16 * (t % 2) + j][t / 2] = v[j];
       }
     }
     __syncthreads();
     acc.multiply(xs, ws);
     __syncthreads();
   }
-  acc.store([&](int i, int j, float v) {
-    if (m0 + i < a.m && o0 + j < outs) store_output<T>(a, (z * a.m + m0 + i) * outs + o0 + j, v);
-  });
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t m = m0 + acc.row() + i, out = o0 + acc.col() + j;
+      if (m < a.m && out < outs) store_output<float>(a, (z * a.m + m) * outs + out, acc.acc[i][j]);
+    }
 }
-template <typename T, typename Weights>
-QuantizedMatmulPlan plan_for(const QuantizedMatmulArgs& a, bool transpose) {
+
+// ------------------------------------------------------------------------------------------------ tensor cores
+
+constexpr int kTcM = 64, kTcOut = 128, kTcReduce = 64, kTcThreads = 256;
+constexpr int kTcWarpsOut = 4;          // 2 x 4 warps, each 32 rows x 32 outputs (2 x 2 fragments of 16 x 16)
+constexpr int kTcPad = 8;               // keeps WMMA's 32-byte alignment of fragment rows, spreads the banks
+constexpr int kTcLd = kTcReduce + kTcPad;  // row length of x's tile and of the forward weight tile
+
+// The shared stage of one reduction step. x: (row, reduction), WMMA's row-major A. The weight: 32-element
+// x-blocks are contiguous either way: forward (output, reduction) read as column-major B, transposed
+// (reduction, output) read as row-major B.
+template <typename T, bool kTranspose>
+struct TcStage {
+  static constexpr int kWRows = kTranspose ? kTcReduce : kTcOut;
+  static constexpr int kWLd = kTranspose ? kTcOut + kTcPad : kTcLd;
+  T x[kTcM][kTcLd];
+  T w[kWRows][kWLd];
+};
+static_assert(kTcM * kTcReduce / 16 == kTcThreads, "one 16-element chunk of x per thread and step");
+static_assert(kTcOut * kTcReduce / 32 == kTcThreads, "one 32-element x-block of the weight per thread and step");
+
+// 16 consecutive elements of a 2-byte float type: 2 16-byte words.
+struct Raw32 {
+  uint4 v[2];
+};
+template <typename T>
+__device__ __forceinline__ Raw32 pack16(const float* f) {
+  static_assert(sizeof(T) == 2, "float16/bfloat16");
+  Raw32 r;
+  T* e = reinterpret_cast<T*>(r.v);
+#pragma unroll
+  for (int j = 0; j < 16; ++j) e[j] = from_float<T>(f[j]);
+  return r;
+}
+
+// One x-block (32 elements) of a weight row as floats: from aligned words (the decode kernels' formats) or
+// through the reference decoders (any alignment, float weights).
+template <class Fmt>
+struct WordDecoder {
+  const typename Fmt::Context ctx;
+  __device__ void decode(const uint8_t* row, int64_t g, int64_t, float (&v)[32]) const {
+    decode::Sub s;
+    Fmt::load(ctx, row, static_cast<int>(g), s);
+    decode::sub_values<Fmt>(s, v);
+  }
+};
+template <class Weights>
+struct ReferenceDecoder {
+  __device__ void decode(const uint8_t* row, int64_t g, int64_t k, float (&v)[32]) const {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float c[16] = {};
+      if ((2 * g + h) * 16 < k) Weights::row_chunk(row, 2 * g + h, k, c);
+#pragma unroll
+      for (int j = 0; j < 16; ++j) v[16 * h + j] = c[j];
+    }
+  }
+};
+
+template <typename T, bool kTranspose>
+struct TcAccumulators {
+  nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> acc[2][2];
+  using BLayout = std::conditional_t<kTranspose, nvcuda::wmma::row_major, nvcuda::wmma::col_major>;
+  __device__ int warp_row() const { return (threadIdx.x / 32 / kTcWarpsOut) * 32; }
+  __device__ int warp_col() const { return (threadIdx.x / 32 % kTcWarpsOut) * 32; }
+  __device__ TcAccumulators() {
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) nvcuda::wmma::fill_fragment(acc[i][j], 0.0f);
+  }
+  __device__ void multiply(const TcStage<T, kTranspose>& s) {
+    namespace wmma = nvcuda::wmma;
+    using Stage = TcStage<T, kTranspose>;
+#pragma unroll
+    for (int kk = 0; kk < kTcReduce; kk += 16) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa[2];
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, T, BLayout> fb[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(fa[i], &s.x[warp_row() + 16 * i][kk], kTcLd);
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const T* b = kTranspose ? &s.w[kk][warp_col() + 16 * j] : &s.w[warp_col() + 16 * j][kk];
+        wmma::load_matrix_sync(fb[j], b, Stage::kWLd);
+      }
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+    }
+  }
+};
+
+// What a thread carries from one step to the next: its chunk of x and its x-block of the weight, in x's type.
+struct TcLoads {
+  Raw32 x;
+  Raw32 w[2];
+};
+
+template <class Decoder, typename T, bool kTranspose>
+__global__ void __launch_bounds__(kTcThreads, 2) tc_tiles_kernel(QuantizedMatmulArgs a) {
+  using Stage = TcStage<T, kTranspose>;
+  __shared__ __align__(128) unsigned char shared[sizeof(Stage)];
+  Stage& stage = *reinterpret_cast<Stage*>(shared);
+  const int t = threadIdx.x;
+  const int64_t z = blockIdx.z;
+  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kTcM;
+  const int64_t o0 = static_cast<int64_t>(blockIdx.x) * kTcOut;
+  const Orientation<kTranspose> o{a};
+  const int64_t reduce = o.reduce(), outs = o.outs();
+  const T* x = static_cast<const T*>(a.x) + z * a.m * reduce;
+  const uint8_t* w = static_cast<const uint8_t*>(a.w) + weight_batch(a, z) * a.n * a.row_bytes;
+  const Decoder decoder;
+  // This thread's chunk of x: row xi of the tile, elements xj..xj+15 of the step.
+  const int xi = t / 4, xj = 16 * (t % 4);
+  const bool x_row = m0 + xi < a.m;
+  const bool x_words = aligned(a.x, 16) && reduce % (16 / sizeof(T)) == 0;
+  // This thread's x-block of the weight: forward, row o0 + t/2, x-block (step) + t%2; transposed, row
+  // (step) + t/4, x-block o0/32 + t%4. Stored at stage.w[wr][wc..wc+31].
+  const int wr = kTranspose ? t / 4 : t / 2, wc = kTranspose ? 32 * (t % 4) : 32 * (t % 2);
+
+  auto load = [&](int64_t r0) {
+    TcLoads l;
+    if (x_row && x_words && r0 + xj + 16 <= reduce) {
+      const uint4* p = reinterpret_cast<const uint4*>(x + (m0 + xi) * reduce + r0 + xj);
+      l.x.v[0] = __ldg(p);
+      l.x.v[1] = __ldg(p + 1);
+    } else {
+      float v[16];
+      if (x_row) {
+        load_x_chunk(x + (m0 + xi) * reduce, (r0 + xj) / 16, reduce, false, v);
+      } else {
+#pragma unroll
+        for (int j = 0; j < 16; ++j) v[j] = 0.0f;
+      }
+      l.x = pack16<T>(v);
+    }
+    const int64_t n = kTranspose ? r0 + wr : o0 + wr;
+    const int64_t g = kTranspose ? o0 / 32 + t % 4 : r0 / 32 + t % 2;
+    float v[32] = {};
+    if (n < a.n && g * 32 < a.k) decoder.decode(w + n * a.row_bytes, g, a.k, v);
+    l.w[0] = pack16<T>(v);
+    l.w[1] = pack16<T>(v + 16);
+    return l;
+  };
+
+  TcAccumulators<T, kTranspose> acc;
+  TcLoads next = load(0);
+  for (int64_t r0 = 0; r0 < reduce; r0 += kTcReduce) {
+    __syncthreads();  // every warp is done with the previous step
+    *reinterpret_cast<uint4*>(&stage.x[xi][xj]) = next.x.v[0];
+    *reinterpret_cast<uint4*>(&stage.x[xi][xj + 8]) = next.x.v[1];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      *reinterpret_cast<uint4*>(&stage.w[wr][wc + 16 * h]) = next.w[h].v[0];
+      *reinterpret_cast<uint4*>(&stage.w[wr][wc + 16 * h + 8]) = next.w[h].v[1];
+    }
+    __syncthreads();
+    if (r0 + kTcReduce < reduce) next = load(r0 + kTcReduce);  // in flight while the warps multiply
+    acc.multiply(stage);
+  }
+
+  // Fragments have no documented element layout: each warp stores one at a time through shared memory.
+  __syncthreads();
+  constexpr int kScratchLd = 16 + 4;
+  float* scratch = reinterpret_cast<float*>(shared) + (t / 32) * 16 * kScratchLd;
+  static_assert(kTcThreads / 32 * 16 * kScratchLd * sizeof(float) <= sizeof(Stage), "scratch inside the stage");
+  const int lane = t % 32;
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      nvcuda::wmma::store_matrix_sync(scratch, acc.acc[i][j], kScratchLd, nvcuda::wmma::mem_row_major);
+      __syncwarp();
+      const int r = lane / 2, c0 = 8 * (lane % 2);
+      const int64_t m = m0 + acc.warp_row() + 16 * i + r;
+      const int64_t out0 = o0 + acc.warp_col() + 16 * j + c0;
+#pragma unroll
+      for (int c = 0; c < 8; ++c)
+        if (m < a.m && out0 + c < outs) store_output<T>(a, (z * a.m + m) * outs + out0 + c, scratch[r * kScratchLd + c0 + c]);
+      __syncwarp();
+    }
+}
+
+// ------------------------------------------------------------------------------------------------ plans
+
+template <typename Weights>
+QuantizedMatmulPlan fma_plan(const QuantizedMatmulArgs& a, bool transpose) {
   QuantizedMatmulPlan p;
   KernelLaunch& l = p.steps[0];
-  l.kernel = transpose ? reinterpret_cast<const void*>(&tiled_kernel<Weights, T, true>)
-                       : reinterpret_cast<const void*>(&tiled_kernel<Weights, T, false>);
-  l.grid = dim3(ceil_div(transpose ? a.k : a.n, kTileOut), ceil_div(a.m, kTileM), static_cast<unsigned>(a.batches));
-  l.block = dim3(kTileThreads);
+  l.kernel = transpose ? reinterpret_cast<const void*>(&fma_tiles_kernel<Weights, true>)
+                       : reinterpret_cast<const void*>(&fma_tiles_kernel<Weights, false>);
+  l.grid = dim3(ceil_div(transpose ? a.k : a.n, kFmaOut), ceil_div(a.m, kFmaM), static_cast<unsigned>(a.batches));
+  l.block = dim3(kFmaThreads);
   return p;
 }
+
+template <typename T, class Decoder>
+QuantizedMatmulPlan tc_plan(const QuantizedMatmulArgs& a, bool transpose) {
+  QuantizedMatmulPlan p;
+  KernelLaunch& l = p.steps[0];
+  l.kernel = transpose ? reinterpret_cast<const void*>(&tc_tiles_kernel<Decoder, T, true>)
+                       : reinterpret_cast<const void*>(&tc_tiles_kernel<Decoder, T, false>);
+  l.grid = dim3(ceil_div(transpose ? a.k : a.n, kTcOut), ceil_div(a.m, kTcM), static_cast<unsigned>(a.batches));
+  l.block = dim3(kTcThreads);
+  return p;
+}
+
+// The aligned-word decoder of a quantized type, when its rows start on 4-byte boundaries (sh_words reads whole
+// words and never past a row whose length is a multiple of 4); else the reference decoder.
+template <typename T>
+QuantizedMatmulPlan tc_plan_for(const QuantizedMatmulArgs& a, int type, bool transpose) {
+  const bool words = (reinterpret_cast<uintptr_t>(a.w) | static_cast<uintptr_t>(a.row_bytes)) % 4 == 0;
+  switch (type) {
+#define GGML_EXT_TC_CASE(NAME, name, id, qk, bytes)                                         \
+  case GGML_EXT_TYPE_##NAME:                                                               \
+    return words ? tc_plan<T, WordDecoder<decode::Fmt##NAME>>(a, transpose)                 \
+                 : tc_plan<T, ReferenceDecoder<Weights_##name>>(a, transpose);
+    GGML_EXT_FOR_EACH_QUANT_TYPE(GGML_EXT_TC_CASE)
+#undef GGML_EXT_TC_CASE
+    case GGML_EXT_TYPE_F32: return tc_plan<T, ReferenceDecoder<Weights_f32>>(a, transpose);
+    case GGML_EXT_TYPE_F16: return tc_plan<T, ReferenceDecoder<Weights_f16>>(a, transpose);
+    case GGML_EXT_TYPE_BF16: return tc_plan<T, ReferenceDecoder<Weights_bf16>>(a, transpose);
+    default: return {};
+  }
+}
 }  // namespace
+
 QuantizedMatmulPlan tiles_plan(const QuantizedMatmulArgs& args, int ggml_type, FloatType x_type, bool transpose) {
-  GGML_EXT_CUDA_FLOAT_SWITCH(x_type, kType, return with_weights(ggml_type, [&](auto weights) {
-    return plan_for<typename Storage<kType>::type, decltype(weights)>(args, transpose);
-  }));
+  switch (x_type) {
+    case FloatType::f32:
+      return with_weights(ggml_type, [&](auto weights) { return fma_plan<decltype(weights)>(args, transpose); });
+    case FloatType::f16: return tc_plan_for<__half>(args, ggml_type, transpose);
+    case FloatType::bf16: return tc_plan_for<__nv_bfloat16>(args, ggml_type, transpose);
+  }
   return {};
 }
 }  // namespace ggml_ext::cuda

@@ -50,6 +50,7 @@ struct matrix_a {};
 struct matrix_b {};
 struct accumulator {};
 struct row_major {};
+struct col_major {};
 enum layout_t { mem_row_major };
 
 template <typename Use, int M, int N, int K, typename T, typename Layout = void>
@@ -60,7 +61,8 @@ struct fragment {
 template <typename Use, typename T, typename Layout>
 void load_matrix_sync(fragment<Use, 16, 16, 16, T, Layout>& f, const T* p, unsigned ldm) {
   for (int i = 0; i < 16; ++i)
-    for (int j = 0; j < 16; ++j) f.x[i][j] = static_cast<float>(p[i * ldm + j]);
+    for (int j = 0; j < 16; ++j)
+      f.x[i][j] = static_cast<float>(std::is_same_v<Layout, col_major> ? p[j * ldm + i] : p[i * ldm + j]);
 }
 
 template <typename T>
