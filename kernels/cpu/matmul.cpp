@@ -46,6 +46,12 @@ constexpr int64_t kL2WeightBytes = 192 << 10;  // weight rows kept in cache acro
 // so they are as long as the cache allows.
 constexpr int64_t kActivationBytes = 256 << 10;
 constexpr int64_t kPrefetchBytes = 1024;  // how far ahead of the decoder the weight row is prefetched
+// Asks for the kLines 64-byte lines kPrefetchBytes ahead of p in a weight row (the decoders' loops, once per step).
+template <int kLines>
+inline __attribute__((always_inline)) void prefetch_ahead(const uint8_t* p) {
+#pragma GCC unroll 4
+  for (int i = 0; i < kLines; ++i) __builtin_prefetch(p + kPrefetchBytes + 64 * i);
+}
 constexpr int64_t kSegmentAlign = 256;           // K segments hold whole blocks and groups of every type
 
 template <class V>
@@ -556,7 +562,7 @@ struct QuantRowDot {
       vf32x16 sw, ow;
       for (; blk + 2 <= end; blk += 2) {
         const uint8_t* p0 = row + blk * sizeof(B);
-        __builtin_prefetch(p0 + kPrefetchBytes);
+        prefetch_ahead<1>(p0);
         Scales::pair(reinterpret_cast<const B*>(p0), reinterpret_cast<const B*>(p0 + sizeof(B)), sw, ow);
         step(codes.template decode<0>(p0), sw, ow, blk / 2);
       }
@@ -572,9 +578,7 @@ struct QuantRowDot {
       Scales sc;
       for (int64_t blk = begin; blk < end; ++blk) {
         const uint8_t* p = row + blk * sizeof(B);
-        __builtin_prefetch(p + kPrefetchBytes);
-        __builtin_prefetch(p + kPrefetchBytes + 64);
-        __builtin_prefetch(p + kPrefetchBytes + 128);
+        prefetch_ahead<3>(p);
         sc.load_block(reinterpret_cast<const B*>(p));
         const int64_t g = blk * 4;
         step(codes.template decode<0>(p), group_lanes<0>(sc.scale), group_lanes<0>(sc.offset), g);
@@ -878,8 +882,7 @@ struct HalfRowDot {
         half(acc, codes.template decode<0, 0>(p), (vf32x8)_mm256_set1_ps(s.scale), rec, h);
       };
       for (; blk + 4 <= end; blk += 4) {
-        __builtin_prefetch(row + blk * sizeof(B) + kPrefetchBytes);
-        __builtin_prefetch(row + blk * sizeof(B) + kPrefetchBytes + 64);
+        prefetch_ahead<2>(row + blk * sizeof(B));
         const ActRecord* rec = tile.records(blk / 2);
         one(blk, rec, 0, 0);
         one(blk + 1, rec, 1, 1);
@@ -909,9 +912,7 @@ struct HalfRowDot {
       typename HalfScalesOf<Q>::type sc;
       for (int64_t blk = begin; blk < end; ++blk) {
         const uint8_t* p = row + blk * sizeof(B);
-        __builtin_prefetch(p + kPrefetchBytes);
-        __builtin_prefetch(p + kPrefetchBytes + 64);
-        __builtin_prefetch(p + kPrefetchBytes + 128);
+        prefetch_ahead<3>(p);
         sc.load_block(reinterpret_cast<const B*>(p));
         const ActRecord* rec = tile.records(blk * 4);
         [&]<int... C>(std::integer_sequence<int, C...>) __attribute__((always_inline)) {
