@@ -6,7 +6,7 @@
 //      halves}; codes contiguous per row (the dot reads 16 bytes at a time), records apart. Workspace.
 //   1. dot: a warp owns R weight rows. Rows on 4-byte boundaries (decode_direct_kernel): each lane reads the
 //      words of its x-blocks straight from global memory, four x-blocks in flight, and takes __dp4a products as
-//      below. Other rows (decode_dot_kernel) are walked in segments of 128 x-blocks (4096 elements). Each
+//      below; from 2 rows of x on, the 4 warps of a block share R rows and split their x-blocks. Other rows (decode_dot_kernel) are walked in segments of 128 x-blocks (4096 elements). Each
 //      segment of each row is copied into the warp's shared memory with the widest loads the row's alignment
 //      allows (16 bytes for every benchmarked shape; rows are contiguous, so the warp's loads are too), then
 //      each lane decodes 4 x-blocks of it (decode_formats.cuh: ggml blocks are only 2-byte aligned, so fields
@@ -95,6 +95,13 @@ template <int MB>
 constexpr int rows_per_warp() { return MB <= 1 ? 1 : MB <= 4 ? 2 : 4; }
 template <int MB>
 constexpr int warps_per_block() { return rows_per_warp<MB>() >= 4 ? 2 : 4; }
+// The direct kernel from 2 rows of x on: the 4 warps of a block share their R rows, warp w taking every 4th
+// group of 32 x-blocks from group w (4x the warps of one row per warp: with R rows per warp the grid of a
+// 4096-row weight had too few warps to keep its loads in flight), their sums met through shared memory.
+template <int MB>
+constexpr int direct_split() { return MB <= 1 ? 1 : 4; }
+template <int MB>
+constexpr int direct_warps() { return direct_split<MB>() > 1 ? direct_split<MB>() : warps_per_block<MB>(); }
 
 template <class F, int R>
 struct Seg {
@@ -231,22 +238,49 @@ struct WarpDot {
       }
     }
   }
+
+  // kParts warps of the block hold partial sums of the same rows (this one is `part`); called by all of them.
+  template <typename T, int kParts>
+  __device__ __forceinline__ void store_parts(int lane, int part) {
+    static_assert(R * MB <= 32, "one lane per (row, row of x)");
+    __shared__ float partial[kParts][32];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int i = 0; i < MB; ++i) {
+        const float sum = warp_sum(acc[r][i]);
+        if (lane == r * MB + i) partial[part][lane] = sum;
+      }
+    __syncthreads();
+    const int r = lane / MB, i = lane % MB;
+    if (part == 0 && lane < R * MB && i < m && n0 + r < a.n) {
+      float sum = partial[0][lane];
+#pragma unroll
+      for (int p = 1; p < kParts; ++p) sum += partial[p][lane];
+      store_output<T>(a, (z * a.m + i) * a.n + n0 + r, sum);
+    }
+  }
 };
 
 // Rows whose base and length are multiples of 4 bytes: each lane reads its x-blocks' words straight from global
 // memory (no shared-memory stage, so more warps are resident per SM and each keeps its loads in flight
 // across x-blocks).
 template <class F, int MB, typename T>
-__global__ void __launch_bounds__(warps_per_block<MB>() * 32) decode_direct_kernel(QuantizedMatmulArgs a) {
-  constexpr int kWarps = warps_per_block<MB>();
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int64_t n0 = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * rows_per_warp<MB>();
-  if (n0 >= a.n) return;
+__global__ void __launch_bounds__(direct_warps<MB>() * 32) decode_direct_kernel(QuantizedMatmulArgs a) {
+  constexpr int kSplit = direct_split<MB>(), kRowGroups = direct_warps<MB>() / kSplit;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, part = warp % kSplit;
+  const int64_t n0 = (static_cast<int64_t>(blockIdx.x) * kRowGroups + warp / kSplit) * rows_per_warp<MB>();
+  if (n0 >= a.n) return;  // with kSplit > 1 the whole block (one row group): no barrier is left waiting
   WarpDot<F, MB> dot(a, n0);
   const int xblocks = static_cast<int>(dot.xblocks);
 #pragma unroll 4  // four x-blocks' loads in flight per lane
-  for (int g = lane; g < xblocks; g += 32) dot.add(dot.rows, g, g);
-  dot.template store<T>(lane);
+  for (int g = lane + 32 * part; g < xblocks; g += 32 * kSplit) dot.add(dot.rows, g, g);
+  if constexpr (kSplit == 1) {
+    dot.template store<T>(lane);
+  } else {
+    static_assert(kRowGroups == 1, "the barrier in store_parts needs every warp of the block");
+    dot.template store_parts<T, kSplit>(lane, part);
+  }
 }
 
 template <class F, int MB, typename T>
@@ -341,12 +375,13 @@ QuantizedMatmulPlan float_plan(const QuantizedMatmulArgs& a) {
 
 template <class F, int MB, typename T>
 void set_dot_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
-  constexpr int kRowsPerBlock = rows_per_warp<MB>() * warps_per_block<MB>();
   const bool words = (reinterpret_cast<uintptr_t>(a.w) | static_cast<uintptr_t>(a.row_bytes)) % 4 == 0;
+  const int warps = words ? direct_warps<MB>() : warps_per_block<MB>();
+  const int rows_per_block = rows_per_warp<MB>() * (words ? direct_warps<MB>() / direct_split<MB>() : warps);
   l.kernel = words ? reinterpret_cast<const void*>(&decode_direct_kernel<F, MB, T>)
                    : reinterpret_cast<const void*>(&decode_dot_kernel<F, MB, T>);
-  l.grid = dim3(ceil_div(a.n, kRowsPerBlock), static_cast<unsigned>(a.batches));
-  l.block = dim3(warps_per_block<MB>() * 32);
+  l.grid = dim3(ceil_div(a.n, rows_per_block), static_cast<unsigned>(a.batches));
+  l.block = dim3(warps * 32);
 }
 
 template <typename T, class F>
