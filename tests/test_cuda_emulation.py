@@ -376,14 +376,15 @@ def test_decode_broadcasting(kernels, t, m):
     assert_no_less_accurate_than_ggml(got, exact, theirs, "broadcast")
 
 
-@pytest.mark.parametrize("t", [GGMLType.Q4_0, GGMLType.Q8_0, GGMLType.MXFP4], ids=lambda t: t.name)
-def test_decode_unaligned_rows(kernels, t):
+@pytest.mark.parametrize("t, offset", [(GGMLType.Q4_0, 2), (GGMLType.Q8_0, 2), (GGMLType.MXFP4, 1),
+                                       (GGMLType.Q4_K, 4), (GGMLType.Q5_K, 4), (GGMLType.Q5_K, 2)], ids=str)
+def test_decode_unaligned_rows(kernels, t, offset):
     """Weight rows starting off 16-byte boundaries (an odd offset for MXFP4's 17-byte blocks): narrower staging
-    loads, never a misread."""
+    loads (offsets 1, 2), or the direct reads' word path instead of 16-byte loads (4: Q4_K, Q5_K), never a
+    misread."""
     rng = np.random.default_rng(31)
     n, k, m = 24, 4352, 3
     w = reference.random_blocks(rng, t.name, n, k)
-    offset = 1 if t == GGMLType.MXFP4 else 2
     buf = np.zeros(w.nbytes + 64, np.uint8)
     base = (-buf.ctypes.data) % 16 + offset
     buf[base:base + w.nbytes] = w.reshape(-1)
