@@ -398,6 +398,13 @@ def test_decode_unaligned_rows(kernels, t, offset):
     assert_no_less_accurate_than_ggml(y, exact, ggml_scheme(x.astype(np.float64), t) @ dense.T, "unaligned")
 
 
+@pytest.mark.parametrize("t", [GGMLType.Q4_0, GGMLType.Q4_K], ids=lambda t: t.name)
+def test_decode_many_rows(kernels, t):
+    """One row of x on a weight of more rows than kFewRows (8192): a warp per row instead of 2 warps sharing 2."""
+    got, exact, theirs = decode_case(kernels, t, F16, 1, 256, n=8195, out_f32=True)
+    assert_no_less_accurate_than_ggml(got, exact, theirs, "many rows", 256)
+
+
 def test_decode_non_finite_x(kernels):
     """A NaN in a row of x makes that row's outputs NaN; an infinity makes them non-finite; others stay finite."""
     rng = np.random.default_rng(5)

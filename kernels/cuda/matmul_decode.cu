@@ -6,7 +6,8 @@
 //      halves}; codes contiguous per row (the dot reads 16 bytes at a time), records apart. Workspace.
 //   1. dot: a warp owns R weight rows. Rows on 4-byte boundaries (decode_direct_kernel): each lane reads the
 //      words of its x-blocks straight from global memory, four x-blocks in flight, and takes __dp4a products as
-//      below; from 2 rows of x on, the 4 warps of a block share R rows and split their x-blocks. Other rows (decode_dot_kernel) are walked in segments of 128 x-blocks (4096 elements). Each
+//      below; from 2 rows of x on, the 4 warps of a block share R rows and split their x-blocks (for one row of x
+//      on a weight of at most kFewRows rows, 2 warps share 2 rows). Other rows (decode_dot_kernel) are walked in segments of 128 x-blocks (4096 elements). Each
 //      segment of each row is copied into the warp's shared memory with the widest loads the row's alignment
 //      allows (16 bytes for every benchmarked shape; rows are contiguous, so the warp's loads are too), then
 //      each lane decodes 4 x-blocks of it (decode_formats.cuh: ggml blocks are only 2-byte aligned, so fields
@@ -102,6 +103,11 @@ template <int MB>
 constexpr int direct_split() { return MB <= 1 ? 1 : 4; }
 template <int MB>
 constexpr int direct_warps() { return direct_split<MB>() > 1 ? direct_split<MB>() : warps_per_block<MB>(); }
+// One row of x on a weight of few rows (n <= kFewRows: 4096 rows fill an H100's 132 SMs with under 8 blocks of
+// 4 warps each): 2 warps share 2 rows and split their x-blocks. H100 4096x14336 m=1 Q4_0 / Q4_K / Q6_K / Q8_0
+// 21.1-21.8 / 29.7-32.1 / 28.4-28.8 / 29.9-30.0 us in two runs (22.1-22.7 / 30.5-31.9 / 29.4-30.5 / 33.0-33.1
+// with a row per warp); on 14336x4096 no faster (Q6_K 30.6 us, 27.8 otherwise), so only below the threshold.
+constexpr int64_t kFewRows = 8192;
 
 template <class F, int R>
 struct Seg {
@@ -186,9 +192,9 @@ __device__ __forceinline__ decode::XBlock load_x(const uint8_t* codes, const XRe
 
 // What both dot kernels share: a warp's R weight rows (rows past n read the last row and store nothing), x's codes
 // and records for its batch, the products of x-blocks with them, and the sums stored at the end.
-template <class F, int MB>
+template <class F, int MB, int kRows = rows_per_warp<MB>()>
 struct WarpDot {
-  static constexpr int R = rows_per_warp<MB>();
+  static constexpr int R = kRows;
   const QuantizedMatmulArgs& a;
   int64_t n0, z, xblocks;
   int m;
@@ -265,20 +271,21 @@ struct WarpDot {
 // Rows whose base and length are multiples of 4 bytes: each lane reads its x-blocks' words straight from global
 // memory (no shared-memory stage, so more warps are resident per SM and each keeps its loads in flight
 // across x-blocks).
-template <class F, int MB, typename T>
-__global__ void __launch_bounds__(direct_warps<MB>() * 32) decode_direct_kernel(QuantizedMatmulArgs a) {
-  constexpr int kSplit = direct_split<MB>(), kRowGroups = direct_warps<MB>() / kSplit;
+// kR rows per warp; with kSplit > 1, kSplit warps (the whole block) share them.
+template <class F, int MB, typename T, int kR = rows_per_warp<MB>(), int kSplit = direct_split<MB>()>
+__global__ void __launch_bounds__(kSplit > 1 ? kSplit * 32 : direct_warps<MB>() * 32)
+    decode_direct_kernel(QuantizedMatmulArgs a) {
+  constexpr int kRowGroups = kSplit > 1 ? 1 : direct_warps<MB>();
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, part = warp % kSplit;
-  const int64_t n0 = (static_cast<int64_t>(blockIdx.x) * kRowGroups + warp / kSplit) * rows_per_warp<MB>();
+  const int64_t n0 = (static_cast<int64_t>(blockIdx.x) * kRowGroups + warp / kSplit) * kR;
   if (n0 >= a.n) return;  // with kSplit > 1 the whole block (one row group): no barrier is left waiting
-  WarpDot<F, MB> dot(a, n0);
+  WarpDot<F, MB, kR> dot(a, n0);
   const int xblocks = static_cast<int>(dot.xblocks);
 #pragma unroll 4  // four x-blocks' loads in flight per lane
   for (int g = lane + 32 * part; g < xblocks; g += 32 * kSplit) dot.add(dot.rows, g, g);
   if constexpr (kSplit == 1) {
     dot.template store<T>(lane);
   } else {
-    static_assert(kRowGroups == 1, "the barrier in store_parts needs every warp of the block");
     dot.template store_parts<T, kSplit>(lane, part);
   }
 }
@@ -382,6 +389,13 @@ void set_dot_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
                    : reinterpret_cast<const void*>(&decode_dot_kernel<F, MB, T>);
   l.grid = dim3(ceil_div(a.n, rows_per_block), static_cast<unsigned>(a.batches));
   l.block = dim3(warps * 32);
+  if constexpr (MB == 1) {
+    if (words && a.n <= kFewRows) {
+      l.kernel = reinterpret_cast<const void*>(&decode_direct_kernel<F, 1, T, 2, 2>);
+      l.grid = dim3(ceil_div(a.n, 2), static_cast<unsigned>(a.batches));
+      l.block = dim3(2 * 32);
+    }
+  }
 }
 
 template <typename T, class F>
