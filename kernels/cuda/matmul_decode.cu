@@ -7,7 +7,8 @@
 //   1. dot: a warp owns R weight rows. Rows on 4-byte boundaries (decode_direct_kernel): each lane reads the
 //      words of its x-blocks straight from global memory, four x-blocks in flight, and takes __dp4a products as
 //      below; from 2 rows of x on, the 4 warps of a block share R rows and split their x-blocks (for one row of x
-//      on a weight of at most kFewRows rows, 2 warps share 2 rows). Other rows (decode_dot_kernel) are walked in segments of 128 x-blocks (4096 elements). Each
+//      on a weight of at most kFewRows rows, 2 warps share 2 rows). Other rows (decode_dot_kernel) are walked in
+//      segments of 128 x-blocks (4096 elements). Each
 //      segment of each row is copied into the warp's shared memory with the widest loads the row's alignment
 //      allows (16 bytes for every benchmarked shape; rows are contiguous, so the warp's loads are too), then
 //      each lane decodes 4 x-blocks of it (decode_formats.cuh: ggml blocks are only 2-byte aligned, so fields
@@ -101,8 +102,9 @@ constexpr int warps_per_block() { return rows_per_warp<MB>() >= 4 ? 2 : 4; }
 // 4096-row weight had too few warps to keep its loads in flight), their sums met through shared memory.
 template <int MB>
 constexpr int direct_split() { return MB <= 1 ? 1 : 4; }
-template <int MB>
-constexpr int direct_warps() { return direct_split<MB>() > 1 ? direct_split<MB>() : warps_per_block<MB>(); }
+// Warps of a direct kernel's block: the kSplit warps sharing their rows, or (unsplit) one row group per warp.
+template <int MB, int kSplit = direct_split<MB>()>
+constexpr int direct_warps() { return kSplit > 1 ? kSplit : warps_per_block<MB>(); }
 // One row of x on a weight of few rows (n <= kFewRows: 4096 rows fill an H100's 132 SMs with under 8 blocks of
 // 4 warps each): 2 warps share 2 rows and split their x-blocks. H100 4096x14336 m=1 Q4_0 / Q4_K / Q6_K / Q8_0
 // 21.1-21.8 / 29.7-32.1 / 28.4-28.8 / 29.9-30.0 us in two runs (22.1-22.7 / 30.5-31.9 / 29.4-30.5 / 33.0-33.1
@@ -273,9 +275,8 @@ struct WarpDot {
 // across x-blocks).
 // kR rows per warp; with kSplit > 1, kSplit warps (the whole block) share them.
 template <class F, int MB, typename T, int kR = rows_per_warp<MB>(), int kSplit = direct_split<MB>()>
-__global__ void __launch_bounds__(kSplit > 1 ? kSplit * 32 : direct_warps<MB>() * 32)
-    decode_direct_kernel(QuantizedMatmulArgs a) {
-  constexpr int kRowGroups = kSplit > 1 ? 1 : direct_warps<MB>();
+__global__ void __launch_bounds__(direct_warps<MB, kSplit>() * 32) decode_direct_kernel(QuantizedMatmulArgs a) {
+  constexpr int kRowGroups = direct_warps<MB, kSplit>() / kSplit;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, part = warp % kSplit;
   const int64_t n0 = (static_cast<int64_t>(blockIdx.x) * kRowGroups + warp / kSplit) * kR;
   if (n0 >= a.n) return;  // with kSplit > 1 the whole block (one row group): no barrier is left waiting
@@ -380,22 +381,28 @@ QuantizedMatmulPlan float_plan(const QuantizedMatmulArgs& a) {
   return p;
 }
 
+// The grid and block follow from the kernel's shape: kR rows per row group, direct_warps / kSplit groups per block.
+template <class F, int MB, typename T, int kR = rows_per_warp<MB>(), int kSplit = direct_split<MB>()>
+void set_direct_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
+  constexpr int kWarps = direct_warps<MB, kSplit>();
+  l.kernel = reinterpret_cast<const void*>(&decode_direct_kernel<F, MB, T, kR, kSplit>);
+  l.grid = dim3(ceil_div(a.n, kR * (kWarps / kSplit)), static_cast<unsigned>(a.batches));
+  l.block = dim3(kWarps * 32);
+}
+
 template <class F, int MB, typename T>
 void set_dot_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
   const bool words = (reinterpret_cast<uintptr_t>(a.w) | static_cast<uintptr_t>(a.row_bytes)) % 4 == 0;
-  const int warps = words ? direct_warps<MB>() : warps_per_block<MB>();
-  const int rows_per_block = rows_per_warp<MB>() * (words ? direct_warps<MB>() / direct_split<MB>() : warps);
-  l.kernel = words ? reinterpret_cast<const void*>(&decode_direct_kernel<F, MB, T>)
-                   : reinterpret_cast<const void*>(&decode_dot_kernel<F, MB, T>);
-  l.grid = dim3(ceil_div(a.n, rows_per_block), static_cast<unsigned>(a.batches));
-  l.block = dim3(warps * 32);
-  if constexpr (MB == 1) {
-    if (words && a.n <= kFewRows) {
-      l.kernel = reinterpret_cast<const void*>(&decode_direct_kernel<F, 1, T, 2, 2>);
-      l.grid = dim3(ceil_div(a.n, 2), static_cast<unsigned>(a.batches));
-      l.block = dim3(2 * 32);
-    }
+  if (!words) {
+    l.kernel = reinterpret_cast<const void*>(&decode_dot_kernel<F, MB, T>);
+    l.grid = dim3(ceil_div(a.n, rows_per_warp<MB>() * warps_per_block<MB>()), static_cast<unsigned>(a.batches));
+    l.block = dim3(warps_per_block<MB>() * 32);
+    return;
   }
+  if constexpr (MB == 1) {
+    if (a.n <= kFewRows) return set_direct_step<F, 1, T, 2, 2>(l, a);
+  }
+  set_direct_step<F, MB, T>(l, a);
 }
 
 template <typename T, class F>
