@@ -152,8 +152,8 @@ def test_dequantize_float_types_unaligned(kernels, t):
 @pytest.mark.parametrize("ftype", [F32, F16, BF16])
 def test_rms_norm(kernels, ftype):
     rng = np.random.default_rng(10 + ftype)
-    # 3/17/100: scalar path; 16/64/4096: vectors in registers; 9000: past the registers (second read)
-    for dim in [3, 16, 17, 64, 100, 4096, 9000]:
+    # 3/17/100: scalar path; 16/64/4096/9000: vectors in registers; 9000 (f32)/20000: past the registers
+    for dim in [3, 16, 17, 64, 100, 4096, 9000, 20000]:
         for groups in (0, 1, 3):
             rows = 6
             x = stored(rng.standard_normal((rows, dim)), ftype)

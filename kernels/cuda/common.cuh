@@ -47,17 +47,30 @@ struct Word {
                std::conditional_t<kBytes % 2 == 0, uint16_t, uint8_t>>>>;
 };
 
+// N consecutive elements of T as the aligned words that hold them: kept in registers undecoded (16-bit types
+// take half the registers of their floats) until to_floats.
+template <int N, typename T>
+struct Packed {
+  using W = typename Word<N * sizeof(T)>::type;
+  static constexpr int kWords = N * sizeof(T) / sizeof(W);
+  W raw[kWords];
+  __device__ __forceinline__ void load(const T* p) {  // p aligned to sizeof(W)
+#pragma unroll
+    for (int i = 0; i < kWords; ++i) raw[i] = reinterpret_cast<const W*>(p)[i];
+  }
+  __device__ __forceinline__ void to_floats(float (&f)[N]) const {
+    const T* e = reinterpret_cast<const T*>(raw);
+#pragma unroll
+    for (int j = 0; j < N; ++j) f[j] = to_float(e[j]);
+  }
+};
+
 // N consecutive elements of T at p (aligned to the widest word that divides N * sizeof(T)), as floats.
 template <int N, typename T>
 __device__ __forceinline__ void load(const T* p, float (&f)[N]) {
-  using W = typename Word<N * sizeof(T)>::type;
-  constexpr int kWords = N * sizeof(T) / sizeof(W);
-  W raw[kWords];
-#pragma unroll
-  for (int i = 0; i < kWords; ++i) raw[i] = reinterpret_cast<const W*>(p)[i];
-  const T* e = reinterpret_cast<const T*>(raw);
-#pragma unroll
-  for (int j = 0; j < N; ++j) f[j] = to_float(e[j]);
+  Packed<N, T> v;
+  v.load(p);
+  v.to_floats(f);
 }
 
 template <int N, typename T>

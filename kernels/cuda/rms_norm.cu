@@ -1,79 +1,88 @@
-// RMSNorm: one block per row; each thread keeps its first packets of the row in registers between the
-// sum of squares and the scaling, so rows up to kCached * kPack * blockDim elements are read once.
+// RMSNorm: one block per row. Each thread keeps its first kCached packets (16 bytes each) of x and of the weight
+// in registers, undecoded, from the loads to the scaling, so rows of up to kCached * kMaxThreads packets are read
+// once; the launch gives each thread kCached packets (all its loads in flight at once, the weight's hidden
+// behind the block's reduction), and short rows small blocks, so more rows are resident per SM. H100 4096x4096
+// f16 (128 threads of 4 packets): 20.0 us, mx.fast.rms_norm 20.2; 256 threads of 2 packets with the weight read
+// after the reduction took 27.6 us (mx.fast 21.5).
 #include "kernels/cuda/common.cuh"
 
 namespace ggml_ext::cuda {
 namespace {
 
 constexpr int kCached = 4;
-constexpr int kMaxThreads = 256;
+constexpr int kMaxThreads = 512;
 
-// kPack elements per packet: 8 when rows and pointers allow vector access, else 1.
+// kPack elements per packet: 16 bytes when rows and pointers allow vector access, else 1 element.
 template <typename T, int kPack>
 __global__ void __launch_bounds__(kMaxThreads) rms_norm_kernel(RmsNormArgs a) {
+  using P = Packed<kPack, T>;
   const int64_t row = blockIdx.x;
   const T* x = static_cast<const T*>(a.x) + row * a.dim;
   T* y = static_cast<T*>(a.y) + row * a.dim;
   const T* w = a.weight ? static_cast<const T*>(a.weight) + (row / a.rows_per_weight) * a.dim : nullptr;
   const int64_t packets = a.dim / kPack;
+  auto packet = [&](int c) { return threadIdx.x + static_cast<int64_t>(c) * blockDim.x; };
 
-  float cached[kCached][kPack];
+  P xs[kCached], ws[kCached];
+#pragma unroll
+  for (int c = 0; c < kCached; ++c) {
+    if (packet(c) < packets) xs[c].load(x + packet(c) * kPack);
+  }
+#pragma unroll
+  for (int c = 0; c < kCached; ++c) {
+    if (w && packet(c) < packets) ws[c].load(w + packet(c) * kPack);
+  }
+  auto squares = [](const P& p) {
+    float v[kPack], s = 0.0f;
+    p.to_floats(v);
+#pragma unroll
+    for (int j = 0; j < kPack; ++j) s += v[j] * v[j];
+    return s;
+  };
   float sum = 0.0f;
 #pragma unroll
   for (int c = 0; c < kCached; ++c) {
-    const int64_t p = threadIdx.x + static_cast<int64_t>(c) * blockDim.x;
-    if (p < packets) {
-      load(x + p * kPack, cached[c]);
-#pragma unroll
-      for (int j = 0; j < kPack; ++j) sum += cached[c][j] * cached[c][j];
-    }
+    if (packet(c) < packets) sum += squares(xs[c]);
   }
-  for (int64_t p = threadIdx.x + static_cast<int64_t>(kCached) * blockDim.x; p < packets; p += blockDim.x) {
-    float v[kPack];
-    load(x + p * kPack, v);
-#pragma unroll
-    for (int j = 0; j < kPack; ++j) sum += v[j] * v[j];
+  for (int64_t p = packet(kCached); p < packets; p += blockDim.x) {
+    P xp;
+    xp.load(x + p * kPack);
+    sum += squares(xp);
   }
   const float scale = 1.0f / sqrtf(block_sum(sum) / static_cast<float>(a.dim) + a.eps);
 
-  auto write = [&](int64_t p, float (&v)[kPack]) {
-    float out[kPack];
-    if (w) {
-      float wv[kPack];
-      load(w + p * kPack, wv);
+  auto write = [&](int64_t p, const P& xp, const P& wp) {
+    float v[kPack], wv[kPack];
+    xp.to_floats(v);
+    if (w) wp.to_floats(wv);
 #pragma unroll
-      for (int j = 0; j < kPack; ++j) out[j] = (v[j] * scale) * wv[j];
-    } else {
-#pragma unroll
-      for (int j = 0; j < kPack; ++j) out[j] = v[j] * scale;
-    }
-    store(y + p * kPack, out);
+    for (int j = 0; j < kPack; ++j) v[j] = w ? (v[j] * scale) * wv[j] : v[j] * scale;
+    store(y + p * kPack, v);
   };
 #pragma unroll
   for (int c = 0; c < kCached; ++c) {
-    const int64_t p = threadIdx.x + static_cast<int64_t>(c) * blockDim.x;
-    if (p < packets) write(p, cached[c]);
+    if (packet(c) < packets) write(packet(c), xs[c], ws[c]);
   }
-  for (int64_t p = threadIdx.x + static_cast<int64_t>(kCached) * blockDim.x; p < packets; p += blockDim.x) {
-    float v[kPack];
-    load(x + p * kPack, v);
-    write(p, v);
+  for (int64_t p = packet(kCached); p < packets; p += blockDim.x) {
+    P xp, wp;
+    xp.load(x + p * kPack);
+    if (w) wp.load(w + p * kPack);
+    write(p, xp, wp);
   }
 }
 
 template <FloatType kType>
 KernelLaunch rms_norm_launch_typed(const RmsNormArgs& a) {
   using T = typename Storage<kType>::type;
-  constexpr int kPack = 8;
-  const bool vector = a.dim % kPack == 0 && aligned(a.x, kPack * sizeof(T)) && aligned(a.y, kPack * sizeof(T)) &&
-                      (!a.weight || aligned(a.weight, kPack * sizeof(T)));
+  constexpr int kPack = 16 / sizeof(T);
+  const bool vector = a.dim % kPack == 0 && aligned(a.x, 16) && aligned(a.y, 16) && (!a.weight || aligned(a.weight, 16));
   const int64_t packets = vector ? a.dim / kPack : a.dim;
-  const unsigned threads = static_cast<unsigned>(std::min<int64_t>(kMaxThreads, ceil_div(packets, 32) * 32));
+  const int64_t warps = std::min<int64_t>(kMaxThreads / 32, ceil_div(ceil_div(packets, kCached), 32));
   KernelLaunch l;
   l.kernel = vector ? reinterpret_cast<const void*>(&rms_norm_kernel<T, kPack>)
                     : reinterpret_cast<const void*>(&rms_norm_kernel<T, 1>);
   l.grid = dim3(static_cast<unsigned>(a.rows));
-  l.block = dim3(threads);
+  l.block = dim3(static_cast<unsigned>(warps * 32));
   return l;
 }
 
