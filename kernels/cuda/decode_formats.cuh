@@ -140,6 +140,8 @@ __device__ __forceinline__ void load_nibbles(const uint8_t* seg, int offset, con
 // Each format: Block, kQK, kBytes, kPerHalf, kZero, kOffset, Context, and
 //   load(ctx, seg, g, sub): x-block g of a staged segment that starts at a block boundary.
 // 32-element blocks: x-block g is block g. 256-element blocks: block g / 8, sub-block g % 8.
+// Formats whose consecutive x-blocks share bytes also have kGroup and
+//   load_group(ctx, seg, p, subs): x-blocks kGroup * p .. kGroup * p + kGroup - 1, each shared byte read once.
 
 struct FmtQ4_0 {
   using Block = block_q4_0;
@@ -246,47 +248,87 @@ struct FmtMXFP4 {
 };
 
 // Q4_K/Q5_K: sub-block sb (32 elements) is nibble sb & 1 of the 32 bytes qs[32 * (sb / 2) ...]; scale d * sc,
-// min dmin * m (subtracted).
+// min dmin * m (subtracted). Sub-blocks 2j and 2j + 1 share those 32 bytes and the 16-byte header {d, dmin,
+// scales}: the direct kernel's lanes take them as a pair (kGroup), reading both once.
 template <typename Block>
-__device__ __forceinline__ void load_k4_scales(const uint8_t* seg, int o, int sb, Sub& s) {
+__device__ __forceinline__ void load_k4_head(const uint8_t* seg, int o, uint32_t (&head)[4]) {
   static_assert(offsetof(Block, d) == 0 && offsetof(Block, dmin) == 2 && offsetof(Block, scales) == 4,
                 "d, dmin and the 12 scale bytes are the block's first 16 bytes");
-  uint32_t head[4];
   words(seg, o, head);
-  const PackedBytes<3> sc{{head[1], head[2], head[3]}};
-  s.a = half_bits(head[0] & 0xFFFFu) * static_cast<float>(ggml_ext_k4_scale(sc, sb));
-  s.b = -(half_bits(head[0] >> 16) * static_cast<float>(ggml_ext_k4_min(sc, sb)));
+}
+
+__device__ __forceinline__ void k4_scales(const uint32_t (&head)[4], int sb, Sub& s) {
+  const unsigned shift = 8u * static_cast<unsigned>(sb & 3);
+  const uint32_t sc = (ggml_ext_k4_scales4(head[1], head[2], head[3], sb >> 2) >> shift) & 0xFFu;
+  const uint32_t mn = (ggml_ext_k4_mins4(head[1], head[2], head[3], sb >> 2) >> shift) & 0xFFu;
+  s.a = half_bits(head[0] & 0xFFFFu) * static_cast<float>(sc);
+  s.b = -(half_bits(head[0] >> 16) * static_cast<float>(mn));
+}
+
+// Codes of sub-block sb from its 32 qs bytes (and, for Q5_K, the 32 qh bytes: bit sb of qh[l] is the 5th bit
+// of element l).
+__device__ __forceinline__ void k4_codes(const uint32_t (&q)[8], int sb, Sub& s) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i) s.q[i] = (q[i] >> (4 * (sb & 1))) & 0x0F0F0F0Fu;
+}
+__device__ __forceinline__ void k5_codes(const uint32_t (&q)[8], const uint32_t (&h)[8], int sb, Sub& s) {
+  k4_codes(q, sb, s);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) s.q[i] |= ((h[i] >> sb) & 0x01010101u) << 4;
 }
 
 struct FmtQ4_K {
   using Block = block_q4_k;
   using Context = NoContext;
-  static constexpr int kQK = 256, kZero = 0, kOffset = 1;
+  static constexpr int kQK = 256, kZero = 0, kOffset = 1, kGroup = 2;
   static constexpr bool kPerHalf = false;
   __device__ static void load(const Context&, const uint8_t* seg, int g, Sub& s) {
     const int sb = g & 7, o = (g >> 3) * static_cast<int>(sizeof(Block));
-    words(seg, o + offsetof(Block, qs) + 32 * (sb >> 1), s.q);
-    const int shift = 4 * (sb & 1);
+    uint32_t q[8], head[4];
+    words(seg, o + offsetof(Block, qs) + 32 * (sb >> 1), q);
+    load_k4_head<Block>(seg, o, head);
+    k4_codes(q, sb, s);
+    k4_scales(head, sb, s);
+  }
+  // x-blocks 2 pair and 2 pair + 1.
+  __device__ static void load_group(const Context&, const uint8_t* seg, int pair, Sub (&s)[kGroup]) {
+    const int j = pair & 3, o = (pair >> 2) * static_cast<int>(sizeof(Block));
+    uint32_t q[8], head[4];
+    words(seg, o + offsetof(Block, qs) + 32 * j, q);
+    load_k4_head<Block>(seg, o, head);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) s.q[i] = (s.q[i] >> shift) & 0x0F0F0F0Fu;
-    load_k4_scales<Block>(seg, o, sb, s);
+    for (int t = 0; t < kGroup; ++t) {
+      k4_codes(q, 2 * j + t, s[t]);
+      k4_scales(head, 2 * j + t, s[t]);
+    }
   }
 };
 
 struct FmtQ5_K {
   using Block = block_q5_k;
   using Context = NoContext;
-  static constexpr int kQK = 256, kZero = 0, kOffset = 1;
+  static constexpr int kQK = 256, kZero = 0, kOffset = 1, kGroup = 2;
   static constexpr bool kPerHalf = false;
   __device__ static void load(const Context&, const uint8_t* seg, int g, Sub& s) {
     const int sb = g & 7, o = (g >> 3) * static_cast<int>(sizeof(Block));
-    uint32_t h[8];
-    words(seg, o + offsetof(Block, qs) + 32 * (sb >> 1), s.q);
-    words(seg, o + offsetof(Block, qh), h);  // bit sb of qh[l]: 5th bit of element l of sub-block sb
-    const int shift = 4 * (sb & 1);
+    uint32_t q[8], h[8], head[4];
+    words(seg, o + offsetof(Block, qs) + 32 * (sb >> 1), q);
+    words(seg, o + offsetof(Block, qh), h);
+    load_k4_head<Block>(seg, o, head);
+    k5_codes(q, h, sb, s);
+    k4_scales(head, sb, s);
+  }
+  __device__ static void load_group(const Context&, const uint8_t* seg, int pair, Sub (&s)[kGroup]) {
+    const int j = pair & 3, o = (pair >> 2) * static_cast<int>(sizeof(Block));
+    uint32_t q[8], h[8], head[4];
+    words(seg, o + offsetof(Block, qs) + 32 * j, q);
+    words(seg, o + offsetof(Block, qh), h);
+    load_k4_head<Block>(seg, o, head);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) s.q[i] = ((s.q[i] >> shift) & 0x0F0F0F0Fu) | (((h[i] >> sb) & 0x01010101u) << 4);
-    load_k4_scales<Block>(seg, o, sb, s);
+    for (int t = 0; t < kGroup; ++t) {
+      k5_codes(q, h, 2 * j + t, s[t]);
+      k4_scales(head, 2 * j + t, s[t]);
+    }
   }
 };
 
@@ -379,6 +421,27 @@ struct FmtIQ4_XS {
     s.a = half_bits(sh_u16(seg, o + offsetof(Block, d))) * static_cast<float>(ggml_ext_iq4xs_scale(&sc, sb));
   }
 };
+
+// kGroup of a format, 1 where it has none.
+template <class F>
+constexpr int group_of() {
+  if constexpr (requires { F::kGroup; }) {
+    return F::kGroup;
+  } else {
+    return 1;
+  }
+}
+
+// x-blocks kG * p .. kG * p + kG - 1 (kG: 1 or the format's kGroup).
+template <class F, int kG>
+__device__ __forceinline__ void load_group(const typename F::Context& ctx, const uint8_t* seg, int p, Sub (&s)[kG]) {
+  if constexpr (kG == 1) {
+    F::load(ctx, seg, p, s[0]);
+  } else {
+    static_assert(kG == group_of<F>(), "a format's own group");
+    F::load_group(ctx, seg, p, s);
+  }
+}
 
 // ------------------------------------------------------------------------------------------------ the dot
 

@@ -5,7 +5,8 @@
 //      away from zero: ggml's Q8_0 with a float32 scale) plus a record {d, the code sums of both 16-element
 //      halves}; codes contiguous per row (the dot reads 16 bytes at a time), records apart. Workspace.
 //   1. dot: a warp owns R weight rows. Rows on 4-byte boundaries (decode_direct_kernel): each lane reads the
-//      words of its x-blocks straight from global memory, four x-blocks in flight, and takes __dp4a products as
+//      words of its x-blocks straight from global memory (Q4_K/Q5_K: a pair of x-blocks sharing their bytes at a
+//      time, lane_group), four x-blocks in flight, and takes __dp4a products as
 //      below; from 2 rows of x on, the 4 warps of a block share R rows and split their x-blocks (for one row of x
 //      on a weight of at most kFewRows rows, 2 warps share 2 rows). Other rows (decode_dot_kernel) are walked in
 //      segments of 128 x-blocks (4096 elements). Each
@@ -110,6 +111,14 @@ constexpr int direct_warps() { return kSplit > 1 ? kSplit : warps_per_block<MB>(
 // 21.1-21.8 / 29.7-32.1 / 28.4-28.8 / 29.9-30.0 us in two runs (22.1-22.7 / 30.5-31.9 / 29.4-30.5 / 33.0-33.1
 // with a row per warp); on 14336x4096 no faster (Q6_K 30.6 us, 27.8 otherwise), so only below the threshold.
 constexpr int64_t kFewRows = 8192;
+
+// x-blocks a lane of the direct kernel takes at a time: the format's group (decode_formats.cuh: the x-blocks
+// that share bytes, read once) where its R rows' decoded groups fit in registers, else 1. H100 Q4_K in pairs,
+// 14336x4096 / 4096x14336: m=1 23.3 / 21.9 us, m=8 64.6 / 49.2 (28.2 / 29.7 and 64.9 / 72.7 a sub-block at a
+// time). Q6_K in halves (4 sub-blocks sharing 96 bytes) was slower, m=1 35.7 / 32.3 us (28.0 / 28.8), m=4 up to
+// 2x (62-159 registers): it has no group.
+template <class F, int R>
+constexpr int lane_group() { return R * decode::group_of<F>() <= 8 ? decode::group_of<F>() : 1; }
 
 template <class F, int R>
 struct Seg {
@@ -218,17 +227,22 @@ struct WarpDot {
               z * a.m * xblocks;
   }
 
-  // x-block xb of every row, read as x-block g of src[r] (the row itself, or its staged segment).
-  __device__ __forceinline__ void add(const uint8_t* const (&src)[R], int g, int64_t xb) {
-    decode::Sub w[R];
+  // x-blocks xb0 .. xb0 + kG - 1 of every row, read as group p (of kG x-blocks) of src[r] (the row itself, or
+  // its staged segment).
+  template <int kG>
+  __device__ __forceinline__ void add(const uint8_t* const (&src)[R], int p, int64_t xb0) {
+    decode::Sub w[R][kG];
 #pragma unroll
-    for (int r = 0; r < R; ++r) F::load(ctx, src[r], g, w[r]);
+    for (int r = 0; r < R; ++r) decode::load_group<F, kG>(ctx, src[r], p, w[r]);
 #pragma unroll
     for (int i = 0; i < MB; ++i) {
       if (i < m) {
-        const decode::XBlock x = load_x(codes + i * a.k, records + i * xblocks, xb);
 #pragma unroll
-        for (int r = 0; r < R; ++r) acc[r][i] += decode::sub_dot<F>(w[r], x);
+        for (int t = 0; t < kG; ++t) {
+          const decode::XBlock x = load_x(codes + i * a.k, records + i * xblocks, xb0 + t);
+#pragma unroll
+          for (int r = 0; r < R; ++r) acc[r][i] += decode::sub_dot<F>(w[r][t], x);
+        }
       }
     }
   }
@@ -281,9 +295,10 @@ __global__ void __launch_bounds__(direct_warps<MB, kSplit>() * 32) decode_direct
   const int64_t n0 = (static_cast<int64_t>(blockIdx.x) * kRowGroups + warp / kSplit) * kR;
   if (n0 >= a.n) return;  // with kSplit > 1 the whole block (one row group): no barrier is left waiting
   WarpDot<F, MB, kR> dot(a, n0);
-  const int xblocks = static_cast<int>(dot.xblocks);
-#pragma unroll 4  // four x-blocks' loads in flight per lane
-  for (int g = lane + 32 * part; g < xblocks; g += 32 * kSplit) dot.add(dot.rows, g, g);
+  constexpr int kG = lane_group<F, kR>(), kUnroll = 4 / kG;  // four x-blocks' loads in flight per lane
+  const int groups = static_cast<int>(dot.xblocks) / kG;
+#pragma unroll kUnroll
+  for (int p = lane + 32 * part; p < groups; p += 32 * kSplit) dot.template add<kG>(dot.rows, p, int64_t{p} * kG);
   if constexpr (kSplit == 1) {
     dot.template store<T>(lane);
   } else {
@@ -320,7 +335,7 @@ __global__ void __launch_bounds__(warps_per_block<MB>() * 32) decode_dot_kernel(
 #pragma unroll kUnroll
     for (int p = 0; p < S::kLaneXBlocks; ++p) {
       const int g = lane + 32 * p;
-      if (g < seg_xblocks) dot.add(staged, g, xb0 + g);
+      if (g < seg_xblocks) dot.template add<1>(staged, g, xb0 + g);
     }
     __syncwarp();  // the stage is rewritten next
   }
