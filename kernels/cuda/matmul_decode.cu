@@ -103,6 +103,12 @@ constexpr int warps_per_block() { return rows_per_warp<MB>() >= 4 ? 2 : 4; }
 // 4096-row weight had too few warps to keep its loads in flight), their sums met through shared memory.
 template <int MB>
 constexpr int direct_split() { return MB <= 1 ? 1 : 4; }
+// Rows per warp of the direct kernel: as the staged kernel's, but 4 from 3 rows of x on. H100 m=4, 14336x4096 /
+// 4096x14336, 4 rows against 2: Q4_0 30.3 / 30.0 us (36.1 / 34.0), Q4_K 36.6 / 34.0 (47.9 / 37.8), Q8_0 36.6 / 42.4
+// (37.9 / 45.3); Q6_K 52.3 / 43.6 (44.4 / 40.3), so the formats with per-16 scales (Q2_K, Q3_K, Q6_K: two more
+// registers of scales per row) keep 2. At m=8, 2 rows were slower than 4 for every format (up to 1.4x).
+template <class F, int MB>
+constexpr int direct_rows() { return MB == 4 && !F::kPerHalf ? 4 : rows_per_warp<MB>(); }
 // Warps of a direct kernel's block: the kSplit warps sharing their rows, or (unsplit) one row group per warp.
 template <int MB, int kSplit = direct_split<MB>()>
 constexpr int direct_warps() { return kSplit > 1 ? kSplit : warps_per_block<MB>(); }
@@ -288,7 +294,7 @@ struct WarpDot {
 // memory (no shared-memory stage, so more warps are resident per SM and each keeps its loads in flight
 // across x-blocks).
 // kR rows per warp; with kSplit > 1, kSplit warps (the whole block) share them.
-template <class F, int MB, typename T, int kR = rows_per_warp<MB>(), int kSplit = direct_split<MB>()>
+template <class F, int MB, typename T, int kR = direct_rows<F, MB>(), int kSplit = direct_split<MB>()>
 __global__ void __launch_bounds__(direct_warps<MB, kSplit>() * 32) decode_direct_kernel(QuantizedMatmulArgs a) {
   constexpr int kRowGroups = direct_warps<MB, kSplit>() / kSplit;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, part = warp % kSplit;
@@ -397,7 +403,7 @@ QuantizedMatmulPlan float_plan(const QuantizedMatmulArgs& a) {
 }
 
 // The grid and block follow from the kernel's shape: kR rows per row group, direct_warps / kSplit groups per block.
-template <class F, int MB, typename T, int kR = rows_per_warp<MB>(), int kSplit = direct_split<MB>()>
+template <class F, int MB, typename T, int kR = direct_rows<F, MB>(), int kSplit = direct_split<MB>()>
 void set_direct_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
   constexpr int kWarps = direct_warps<MB, kSplit>();
   l.kernel = reinterpret_cast<const void*>(&decode_direct_kernel<F, MB, T, kR, kSplit>);
