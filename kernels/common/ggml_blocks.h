@@ -240,10 +240,10 @@ GGML_EXT_FN int ggml_ext_k4_min(P q, int j) {
 }
 // The same for sub-blocks 4h .. 4h + 3 at once from the 12 bytes as little-endian words w0, w1, w2: byte i of
 // the result is the scale (or min) of sub-block 4h + i (no byte indexing: GPU kernels keep it in registers).
-GGML_EXT_FN uint32_t ggml_ext_k4_scales4(uint32_t w0, uint32_t w1, uint32_t w2, int h) {
+GGML_EXT_FN uint32_t ggml_ext_k4_scales4(uint32_t w0, uint32_t w2, int h) {
   return h == 0 ? (w0 & 0x3F3F3F3Fu) : ((w2 & 0x0F0F0F0Fu) | ((w0 >> 2) & 0x30303030u));
 }
-GGML_EXT_FN uint32_t ggml_ext_k4_mins4(uint32_t w0, uint32_t w1, uint32_t w2, int h) {
+GGML_EXT_FN uint32_t ggml_ext_k4_mins4(uint32_t w1, uint32_t w2, int h) {
   return h == 0 ? (w1 & 0x3F3F3F3Fu) : (((w2 >> 4) & 0x0F0F0F0Fu) | ((w1 >> 2) & 0x30303030u));
 }
 

@@ -259,8 +259,8 @@ __device__ __forceinline__ void load_k4_head(const uint8_t* seg, int o, uint32_t
 
 __device__ __forceinline__ void k4_scales(const uint32_t (&head)[4], int sb, Sub& s) {
   const unsigned shift = 8u * static_cast<unsigned>(sb & 3);
-  const uint32_t sc = (ggml_ext_k4_scales4(head[1], head[2], head[3], sb >> 2) >> shift) & 0xFFu;
-  const uint32_t mn = (ggml_ext_k4_mins4(head[1], head[2], head[3], sb >> 2) >> shift) & 0xFFu;
+  const uint32_t sc = (ggml_ext_k4_scales4(head[1], head[3], sb >> 2) >> shift) & 0xFFu;
+  const uint32_t mn = (ggml_ext_k4_mins4(head[2], head[3], sb >> 2) >> shift) & 0xFFu;
   s.a = half_bits(head[0] & 0xFFFFu) * static_cast<float>(sc);
   s.b = -(half_bits(head[0] >> 16) * static_cast<float>(mn));
 }
