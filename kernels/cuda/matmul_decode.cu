@@ -20,7 +20,12 @@
 // and the offset terms use d * sum(codes) as ggml's Q8_1 does, so the result is never less accurate than
 // ggml's own scheme.
 //
+// Q4_K from 5 rows of x on: the weight decoded into shared memory and multiplied on tensor cores
+// (decode_mma_kernel), x's codes as the 8 columns of an int8 m16n8k32 product.
+//
 // Float weights (F32/F16/BF16) keep the float kernel (decode_float_kernel): a warp per row, 16-element chunks.
+#include <type_traits>
+
 #include "kernels/cuda/decode_formats.cuh"
 #include "kernels/cuda/matmul_common.cuh"
 
@@ -348,6 +353,134 @@ __global__ void __launch_bounds__(warps_per_block<MB>() * 32) decode_dot_kernel(
   dot.template store<T>(lane);
 }
 
+// ------------------------------------------------------------------------------------------------ tensor cores
+
+// D = A (16 x 32 int8, row-major) x B (32 x 8 int8, column-major) in int32, one m16n8k32 tensor-core product.
+// Fragments as PTX lays them out (g = lane / 4, t = lane % 4): a[0] row g, k 4t..4t+3; a[1] row g + 8, same k;
+// a[2] row g, k 16 + 4t..; a[3] row g + 8, k 16 + 4t..; b[0] k 4t..4t+3 of column g, b[1] k 16 + 4t.. of it;
+// d[0], d[1] row g, columns 2t, 2t + 1; d[2], d[3] row g + 8.
+__device__ __forceinline__ void mma_s8_16x8x32(int (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+#if defined(GGML_EXT_CUDA_EMULATION)
+  ggml_ext_emulated_mma_s8_16x8x32(d, a, b);
+#else
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%10, %10, %10, %10};"
+      : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "r"(0));
+#endif
+}
+
+// Decode for up to 8 rows of x on tensor cores (formats with one scale per 32 elements): a warp takes 16 weight
+// rows and kMmaXBlocks x-blocks at a time, each lane decoding 2 x-blocks of one row (decode_formats.cuh) into
+// shared memory, then one m16n8k32 product per x-block with x's codes as the 8 columns (rows of x past m are
+// zero), scaled in float32 per (row, x-block, row of x) as sub_dot does; kMmaSplit warps share the 16 rows and
+// split the x-blocks. Its time hardly depends on m, but its weight reads (16 rows per warp, a lane per row) are
+// slower than the dp4a kernels': H100 14336x4096 / 4096x14336 at m=2 / 4 / 8, Q4_0 50.9 / 55.0 / 63.6 and
+// 44.8 / 48.9 / 55.7 us (dp4a 25.4 / 30.1 / 45.2 and 25.1 / 29.6 / 48.3), Q8_0 up to 1.7x slower; 8 x-blocks
+// per step or 6 warps no better. Kept for Q4_K at m=5..8 only, where the dp4a kernel holds 4 rows in 244
+// registers: 50.3 / 50.2 us against 64.4 / 49.8. Next: stage each warp's 16 rows through shared memory with
+// coalesced loads (as decode_dot_kernel does) before the lanes decode them.
+constexpr int kMmaXBlocks = 4, kMmaSplit = 8;
+constexpr int kMmaWords = 12;  // words per (row, x-block) in shared memory: 8 codes, padded so that the lanes'
+                               // fragment reads (rows g, columns t) fall in 32 distinct banks
+template <class F, typename T>
+__global__ void __launch_bounds__(kMmaSplit * 32) decode_mma_kernel(QuantizedMatmulArgs a) {
+  constexpr int kXB = kMmaXBlocks, kSplit = kMmaSplit;
+  static_assert(!F::kPerHalf, "one integer scale per x-block");
+  constexpr int kLaneXB = kXB / 2;
+  struct Stage {
+    uint32_t codes[kXB][16][kMmaWords];
+    float scale[kXB][16], offset[kXB][16];
+  };
+  __shared__ __align__(16) Stage stages[kSplit];
+  __shared__ float partial[kSplit][16][8];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * 16, z = blockIdx.y;
+  const int m = static_cast<int>(a.m), xblocks = static_cast<int>(a.k / 32);
+  Stage& st = stages[warp];
+  // The lane's row to decode (rows past n read the last row and store nothing) and its kLaneXB x-blocks of each kXB.
+  const int my_row = lane / 2, my_part = lane % 2;
+  const uint8_t* row = static_cast<const uint8_t*>(a.w) +
+                       (weight_batch(a, z) * a.n + (n0 + my_row < a.n ? n0 + my_row : a.n - 1)) * a.row_bytes;
+  // x's codes of column g (the lane's B fragment) and records of columns 2t, 2t + 1 (its outputs).
+  const uint8_t* codes = static_cast<const uint8_t*>(a.workspace) + z * a.m * a.k;
+  const XRecord* records = reinterpret_cast<const XRecord*>(static_cast<const uint8_t*>(a.workspace) +
+                                                            records_offset(a)) + z * a.m * xblocks;
+  const typename F::Context ctx;
+  float acc[4] = {};
+  for (int xb0 = kXB * warp; xb0 < xblocks; xb0 += kXB * kSplit) {
+    // x's fragments and records first, so that their loads are in flight with the weight's.
+    uint32_t bf[kXB][2];
+    int2 rec[kXB][2];
+#pragma unroll
+    for (int j = 0; j < kXB; ++j) {
+      const bool valid = xb0 + j < xblocks;
+      const uint32_t* xc = reinterpret_cast<const uint32_t*>(codes + static_cast<int64_t>(g) * a.k) + (xb0 + j) * 8;
+      bf[j][0] = valid && g < m ? __ldg(xc + t) : 0u;
+      bf[j][1] = valid && g < m ? __ldg(xc + 4 + t) : 0u;
+#pragma unroll
+      for (int c = 0; c < 2; ++c)
+        rec[j][c] = valid && 2 * t + c < m
+                        ? __ldg(reinterpret_cast<const int2*>(records + static_cast<int64_t>(2 * t + c) * xblocks +
+                                                              xb0 + j))
+                        : int2{0, 0};
+    }
+    decode::Sub subs[kLaneXB];
+    const int mine = xb0 + kLaneXB * my_part;
+#pragma unroll
+    for (int j = 0; j < kLaneXB; ++j) {
+      if (mine + j < xblocks) {
+        F::load(ctx, row, mine + j, subs[j]);
+      } else {
+        subs[j] = decode::Sub{};  // zero codes and scales past the row's end
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kLaneXB; ++j) {
+      const int s = kLaneXB * my_part + j;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) st.codes[s][my_row][i] = subs[j].q[i];
+      st.scale[s][my_row] = subs[j].a;
+      st.offset[s][my_row] = subs[j].b;
+    }
+    __syncwarp();
+#pragma unroll
+    for (int j = 0; j < kXB; ++j) {
+      const uint32_t af[4] = {st.codes[j][g][t], st.codes[j][g + 8][t], st.codes[j][g][4 + t],
+                              st.codes[j][g + 8][4 + t]};
+      int d[4];
+      mma_s8_16x8x32(d, af, bf[j]);
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const float dx = __int_as_float(rec[j][c].x);  // 0 for columns past m and x-blocks past the row
+        const int sums = static_cast<int>(static_cast<int16_t>(rec[j][c].y & 0xFFFF)) + (rec[j][c].y >> 16);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = g + 8 * h;
+          int isum = d[2 * h + c];
+          if constexpr (F::kZero != 0) isum -= F::kZero * sums;
+          float v = (st.scale[j][r] * dx) * static_cast<float>(isum);
+          if constexpr (F::kOffset == 1) v += st.offset[j][r] * (dx * static_cast<float>(sums));
+          acc[2 * h + c] += v;
+        }
+      }
+    }
+    __syncwarp();  // the stage is rewritten next
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) partial[warp][g + 8 * (i / 2)][2 * t + i % 2] = acc[i];
+  __syncthreads();
+  for (int o = threadIdx.x; o < 16 * 8; o += kSplit * 32) {
+    const int r = o / 8, col = o % 8;
+    if (col >= m || n0 + r >= a.n) continue;
+    float sum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kSplit; ++w) sum += partial[w][r][col];
+    store_output<T>(a, (z * a.m + col) * a.n + n0 + r, sum);
+  }
+}
+
 // ------------------------------------------------------------------------------------------------ float
 
 constexpr int kFloatRows = 8;  // warps per block, one weight row each
@@ -411,6 +544,13 @@ void set_direct_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
   l.block = dim3(kWarps * 32);
 }
 
+template <class F, typename T>
+void set_mma_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
+  l.kernel = reinterpret_cast<const void*>(&decode_mma_kernel<F, T>);
+  l.grid = dim3(ceil_div(a.n, 16), static_cast<unsigned>(a.batches));
+  l.block = dim3(kMmaSplit * 32);
+}
+
 template <class F, int MB, typename T>
 void set_dot_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
   const bool words = (reinterpret_cast<uintptr_t>(a.w) | static_cast<uintptr_t>(a.row_bytes)) % 4 == 0;
@@ -423,6 +563,7 @@ void set_dot_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
   if constexpr (MB == 1) {
     if (a.n <= kFewRows) return set_direct_step<F, 1, T, 2, 2>(l, a);
   }
+  if constexpr (MB == 8 && std::is_same_v<F, decode::FmtQ4_K>) return set_mma_step<F, T>(l, a);
   set_direct_step<F, MB, T>(l, a);
 }
 

@@ -92,6 +92,8 @@ inline void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 16, 
 }  // namespace nvcuda::wmma
 
 // ---- decode kernels' intrinsics
+// mma.sync m16n8k32 s8 (matmul_decode.cu's mma_s8_16x8x32): the warp's fragments exchanged through memory.
+void ggml_ext_emulated_mma_s8_16x8x32(int (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]);
 // __syncwarp: a shuffle is a barrier of the warp's 32 threads (every decode kernel calls it with whole warps).
 inline void __syncwarp(unsigned = 0xffffffffu) { ggml_ext_emulated_shuffle_xor(0.0f, 0); }
 template <typename T>

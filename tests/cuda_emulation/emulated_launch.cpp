@@ -1,5 +1,6 @@
 // The host side of cuda_emu.h, and C entry points that launch each op's kernel the way eval_gpu does
 // (the same *_launch functions choose kernel and grid), for ctypes.
+#include <cstring>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -18,6 +19,7 @@ std::unique_ptr<std::barrier<>> block_barrier;
 struct Warp {
   std::unique_ptr<std::barrier<>> barrier;
   float lanes[32];
+  uint32_t a[32][4], b[32][2];  // mma fragments
 };
 std::vector<Warp> warps;
 
@@ -63,6 +65,27 @@ float ggml_ext_emulated_shuffle_xor(float v, int lane_mask) {
   const float other = w.lanes[(t % 32) ^ lane_mask];
   w.barrier->arrive_and_wait();
   return other;
+}
+
+// PTX's fragment layout of m16n8k32 (g = lane / 4, t = lane % 4): A[r][k] is byte k % 4 of a[r / 8 + 2 (k / 16)]
+// of lane (r % 8, k % 16 / 4); B[k][c] byte k % 4 of b[k / 16] of lane (c, k % 16 / 4); d as in the kernel.
+void ggml_ext_emulated_mma_s8_16x8x32(int (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  const unsigned th = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+  Warp& w = warps[th / 32];
+  const int lane = static_cast<int>(th % 32), g = lane / 4, t = lane % 4;
+  std::memcpy(w.a[lane], a, sizeof a);
+  std::memcpy(w.b[lane], b, sizeof b);
+  w.barrier->arrive_and_wait();
+  auto byte = [](uint32_t word, int k) { return static_cast<int>(static_cast<int8_t>(word >> (8 * (k % 4)))); };
+  auto A = [&](int r, int k) { return byte(w.a[4 * (r % 8) + k % 16 / 4][r / 8 + 2 * (k / 16)], k); };
+  auto B = [&](int k, int c) { return byte(w.b[4 * c + k % 16 / 4][k / 16], k); };
+  for (int i = 0; i < 4; ++i) {
+    const int r = g + 8 * (i / 2), c = 2 * t + i % 2;
+    int sum = 0;
+    for (int k = 0; k < 32; ++k) sum += A(r, k) * B(k, c);
+    d[i] = sum;
+  }
+  w.barrier->arrive_and_wait();
 }
 
 namespace kc = ggml_ext::cuda;
