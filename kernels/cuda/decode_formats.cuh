@@ -452,11 +452,29 @@ struct XBlock {
   int s0, s1;
 };
 
+// What the integer dot `dot` of a one-scale sub-block's codes with x's codes (summing to `sums`) contributes,
+// with the sub-block's a and b and x's scale dx (sub_dot; decode_mma_kernel on its tensor-core dots).
+template <class F>
+__device__ __forceinline__ float scaled_dot(int dot, float a, float b, float dx, int sums) {
+  static_assert(!F::kPerHalf, "one integer scale per sub-block");
+  if constexpr (F::kZero != 0) dot -= F::kZero * sums;
+  float r = (a * dx) * static_cast<float>(dot);
+  if constexpr (F::kOffset == 1) r += b * (dx * static_cast<float>(sums));
+  return r;
+}
+
 template <class F>
 __device__ __forceinline__ float sub_dot(const Sub& w, const XBlock& x) {
   const uint32_t xq[8] = {x.lo.x, x.lo.y, x.lo.z, x.lo.w, x.hi.x, x.hi.y, x.hi.z, x.hi.w};
-  int isum;
-  if constexpr (F::kPerHalf) {
+  if constexpr (!F::kPerHalf) {
+    int i0 = 0, i1 = 0;  // two chains: more instruction-level parallelism
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      i0 = __dp4a(static_cast<int>(w.q[2 * i]), static_cast<int>(xq[2 * i]), i0);
+      i1 = __dp4a(static_cast<int>(w.q[2 * i + 1]), static_cast<int>(xq[2 * i + 1]), i1);
+    }
+    return scaled_dot<F>(i0 + i1, w.a, w.b, x.d, x.s0 + x.s1);
+  } else {
     int i0 = 0, i1 = 0;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -467,21 +485,11 @@ __device__ __forceinline__ float sub_dot(const Sub& w, const XBlock& x) {
       i0 -= F::kZero * x.s0;
       i1 -= F::kZero * x.s1;
     }
-    isum = w.ia0 * i0 + w.ia1 * i1;
-  } else {
-    int i0 = 0, i1 = 0;  // two chains: more instruction-level parallelism
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      i0 = __dp4a(static_cast<int>(w.q[2 * i]), static_cast<int>(xq[2 * i]), i0);
-      i1 = __dp4a(static_cast<int>(w.q[2 * i + 1]), static_cast<int>(xq[2 * i + 1]), i1);
-    }
-    isum = i0 + i1;
-    if constexpr (F::kZero != 0) isum -= F::kZero * (x.s0 + x.s1);
+    float r = (w.a * x.d) * static_cast<float>(w.ia0 * i0 + w.ia1 * i1);
+    if constexpr (F::kOffset == 1) r += w.b * (x.d * static_cast<float>(x.s0 + x.s1));
+    if constexpr (F::kOffset == 2) r += (w.b * x.d) * static_cast<float>(w.ib0 * x.s0 + w.ib1 * x.s1);
+    return r;
   }
-  float r = (w.a * x.d) * static_cast<float>(isum);
-  if constexpr (F::kOffset == 1) r += w.b * (x.d * static_cast<float>(x.s0 + x.s1));
-  if constexpr (F::kOffset == 2) r += (w.b * x.d) * static_cast<float>(w.ib0 * x.s0 + w.ib1 * x.s1);
-  return r;
 }
 
 // The 32 weight values of a sub-block (what sub_dot multiplies x by): a * ia * (code - kZero) + the offset.

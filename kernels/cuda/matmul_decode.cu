@@ -200,16 +200,33 @@ __device__ __forceinline__ void stage_rows(const uint8_t* const (&rows)[R], int6
   }
 }
 
+// An XRecord read as an int2: x-block's scale and the code sums of its halves.
+__device__ __forceinline__ void unpack_record(int2 rec, float& d, int& s0, int& s1) {
+  d = __int_as_float(rec.x);
+  s0 = static_cast<int>(static_cast<int16_t>(rec.y & 0xFFFF));
+  s1 = rec.y >> 16;
+}
+
 __device__ __forceinline__ decode::XBlock load_x(const uint8_t* codes, const XRecord* records, int64_t xb) {
   decode::XBlock x;
   const uint4* c = reinterpret_cast<const uint4*>(codes + xb * 32);
   x.lo = __ldg(c);
   x.hi = __ldg(c + 1);
-  const int2 rec = __ldg(reinterpret_cast<const int2*>(records + xb));
-  x.d = __int_as_float(rec.x);
-  x.s0 = static_cast<int>(static_cast<int16_t>(rec.y & 0xFFFF));
-  x.s1 = rec.y >> 16;
+  unpack_record(__ldg(reinterpret_cast<const int2*>(records + xb)), x.d, x.s0, x.s1);
   return x;
+}
+
+// Weight row n of batch z, clamped to the last row (rows past n are read and nothing is stored for them).
+__device__ __forceinline__ const uint8_t* weight_row(const QuantizedMatmulArgs& a, int64_t z, int64_t n) {
+  return static_cast<const uint8_t*>(a.w) + (weight_batch(a, z) * a.n + (n < a.n ? n : a.n - 1)) * a.row_bytes;
+}
+// x's codes and records (step 0's workspace) of batch z.
+__device__ __forceinline__ const uint8_t* x_codes(const QuantizedMatmulArgs& a, int64_t z) {
+  return static_cast<const uint8_t*>(a.workspace) + z * a.m * a.k;
+}
+__device__ __forceinline__ const XRecord* x_records(const QuantizedMatmulArgs& a, int64_t z) {
+  return reinterpret_cast<const XRecord*>(static_cast<const uint8_t*>(a.workspace) + records_offset(a)) +
+         z * a.m * (a.k / 32);
 }
 
 // What both dot kernels share: a warp's R weight rows (rows past n read the last row and store nothing), x's codes
@@ -229,13 +246,9 @@ struct WarpDot {
   __device__ WarpDot(const QuantizedMatmulArgs& args, int64_t first_row)
       : a(args), n0(first_row), z(blockIdx.y), xblocks(args.k / 32), m(static_cast<int>(args.m)) {
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const int64_t n = n0 + r < a.n ? n0 + r : a.n - 1;
-      rows[r] = static_cast<const uint8_t*>(a.w) + (weight_batch(a, z) * a.n + n) * a.row_bytes;
-    }
-    codes = static_cast<const uint8_t*>(a.workspace) + z * a.m * a.k;
-    records = reinterpret_cast<const XRecord*>(static_cast<const uint8_t*>(a.workspace) + records_offset(a)) +
-              z * a.m * xblocks;
+    for (int r = 0; r < R; ++r) rows[r] = weight_row(a, z, n0 + r);
+    codes = x_codes(a, z);
+    records = x_records(a, z);
   }
 
   // x-blocks xb0 .. xb0 + kG - 1 of every row, read as group p (of kG x-blocks) of src[r] (the row itself, or
@@ -386,7 +399,7 @@ constexpr int kMmaWords = 12;  // words per (row, x-block) in shared memory: 8 c
                                // fragment reads (rows g, columns t) fall in 32 distinct banks
 template <class F, typename T>
 __global__ void __launch_bounds__(kMmaSplit * 32) decode_mma_kernel(QuantizedMatmulArgs a) {
-  constexpr int kXB = kMmaXBlocks, kSplit = kMmaSplit;
+  constexpr int kXB = kMmaXBlocks, kSplit = kMmaSplit;  // short names for the indexing below
   static_assert(!F::kPerHalf, "one integer scale per x-block");
   constexpr int kLaneXB = kXB / 2;
   struct Stage {
@@ -401,12 +414,10 @@ __global__ void __launch_bounds__(kMmaSplit * 32) decode_mma_kernel(QuantizedMat
   Stage& st = stages[warp];
   // The lane's row to decode (rows past n read the last row and store nothing) and its kLaneXB x-blocks of each kXB.
   const int my_row = lane / 2, my_part = lane % 2;
-  const uint8_t* row = static_cast<const uint8_t*>(a.w) +
-                       (weight_batch(a, z) * a.n + (n0 + my_row < a.n ? n0 + my_row : a.n - 1)) * a.row_bytes;
+  const uint8_t* row = weight_row(a, z, n0 + my_row);
   // x's codes of column g (the lane's B fragment) and records of columns 2t, 2t + 1 (its outputs).
-  const uint8_t* codes = static_cast<const uint8_t*>(a.workspace) + z * a.m * a.k;
-  const XRecord* records = reinterpret_cast<const XRecord*>(static_cast<const uint8_t*>(a.workspace) +
-                                                            records_offset(a)) + z * a.m * xblocks;
+  const uint8_t* codes = x_codes(a, z);
+  const XRecord* records = x_records(a, z);
   const typename F::Context ctx;
   float acc[4] = {};
   for (int xb0 = kXB * warp; xb0 < xblocks; xb0 += kXB * kSplit) {
@@ -453,16 +464,13 @@ __global__ void __launch_bounds__(kMmaSplit * 32) decode_mma_kernel(QuantizedMat
       mma_s8_16x8x32(d, af, bf[j]);
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
-        const float dx = __int_as_float(rec[j][c].x);  // 0 for columns past m and x-blocks past the row
-        const int sums = static_cast<int>(static_cast<int16_t>(rec[j][c].y & 0xFFFF)) + (rec[j][c].y >> 16);
+        float dx;  // 0 for columns past m and x-blocks past the row
+        int s0, s1;
+        unpack_record(rec[j][c], dx, s0, s1);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int r = g + 8 * h;
-          int isum = d[2 * h + c];
-          if constexpr (F::kZero != 0) isum -= F::kZero * sums;
-          float v = (st.scale[j][r] * dx) * static_cast<float>(isum);
-          if constexpr (F::kOffset == 1) v += st.offset[j][r] * (dx * static_cast<float>(sums));
-          acc[2 * h + c] += v;
+          acc[2 * h + c] += decode::scaled_dot<F>(d[2 * h + c], st.scale[j][r], st.offset[j][r], dx, s0 + s1);
         }
       }
     }
