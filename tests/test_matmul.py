@@ -122,13 +122,15 @@ def test_never_materializes_the_dequantized_weight(t, transpose):
     assert extra <= w.nbytes + 2 * y.nbytes + 2 * x.nbytes + (1 << 20), (extra, w.nbytes, dense)
 
 
-@pytest.mark.parametrize("t", [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q8_0, GGMLType.Q4_K,
-                               GGMLType.Q6_K, GGMLType.IQ4_NL, GGMLType.MXFP4, GGMLType.F16], ids=lambda t: t.name)
+@pytest.mark.parametrize("t", [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,
+                               GGMLType.Q2_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.IQ4_NL,
+                               GGMLType.MXFP4, GGMLType.F16], ids=lambda t: t.name)
 def test_every_cpu_kernel_variant(cpu_isa, t):
     rng = np.random.default_rng(int(t))
-    # odd block counts: a half-filled last group, after 1 or 3 blocks past the kernels' steps of 4
+    # odd block counts: a half-filled last group, after 1 or 3 blocks past the kernels' steps of 4; an odd
+    # number of weight rows (the two-row kernels' lone last row)
     for k in ((32 * 9, 32 * 7) if t.block_size == 32 else (512,)):
-        data, dense = blocks_and_matrix(rng, t, 40, k)
+        data, dense = blocks_and_matrix(rng, t, 41, k)
         for m in (1, 3, 8, 13):
             x = random_x(rng, (m, k), mx.float32)
             y = ops.quantized_matmul(x, mx.array(data), t)
