@@ -695,18 +695,19 @@ struct HalfRowDot {
 
 #if defined(__AVX512VNNI__) && defined(__AVX512VBMI__)
 // ---------------------------------------------------------------------------------------------------
-// Two rows of x or more on AVX-512 VNNI: spans. A span is a 256-element block, or 128 elements (four blocks) of
-// the 32-element formats, cut into 16 lanes of S / 16 consecutive elements: a chunk, resp. half a chunk, so
-// one weight scale and one activation scale per lane. Register g of a span holds in lane l the elements
+// Two rows of x or more on AVX-512 VNNI: spans. A span is 256 elements (a 256-element block, eight 32-element
+// ones) or, for Q8_0, whose eight blocks would not fit three 64-byte loads, 128 (four blocks), cut into 16 lanes
+// of S / 16 consecutive elements: a chunk, resp. half a chunk, so one weight scale and one activation scale per
+// lane. Register g of a span holds in lane l the elements
 // (S / 16) l + 4g .. + 3, for the weights (gathered so by byte permutes) and for the activations (stored in that
 // order), so the span's S / 64 dpbusd add into one int32 vector whose lane l is the dot of the whole lane: the
 // float conversion and the two scalings come once per span and row of x instead of once per 64 elements (the
-// per-row work is what bounds this product on two cores). The activations are stored + 128 (unsigned) and the
+// per-row work is what bounds this product on two cores; 128-element spans of Q4_0 were 1.1x slower at m = 8). The activations are stored + 128 (unsigned) and the
 // weight codes stay signed (centered for formats with an offset): the 128 * sum(codes) this adds is taken off
 // by starting each row's dot from -128 * sum(codes), computed once per span and weight row.
 // ---------------------------------------------------------------------------------------------------
 template <class Q>
-constexpr int kSpan = Q::kQK == 32 ? 128 : 256;
+constexpr int kSpan = Q::kQK == 32 && 8 * sizeof(typename Q::B) > 192 ? 128 : 256;
 
 template <int S>
 struct SpanRecord {
@@ -844,6 +845,7 @@ inline constexpr SpanPlan kSpanPlan = make_span_plan<Q, kOffset>(G);
 // The window's bytes picked by idx: one permute per 64-byte load.
 template <const SpanPlan::Window& W>
 inline __attribute__((always_inline)) __m512i gather_window(const uint8_t* base, __m512i idx) {
+  static_assert(W.len <= 192, "a span's register gathers from at most three 64-byte loads");
   const uint8_t* p = base + W.off;
   if constexpr (W.len <= 64) return _mm512_permutexvar_epi8(idx, _mm512_maskz_loadu_epi8(W.load[0], p));
   __m512i v = _mm512_permutex2var_epi8(_mm512_maskz_loadu_epi8(W.load[0], p), idx,
@@ -951,15 +953,22 @@ struct SpanRowDot {
     w.finish();
   }
 
-  // 32-element blocks: lane l belongs to block l / 4.
+  // 32-element blocks: lane l belongs to block l / (16 / kBlocks).
   static inline __attribute__((always_inline)) void set_block_scales(SpanWeights<Q>& w, const ggml_ext_scale16* s) {
-    const __m512i spread = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
-    const __m128 sc = _mm_setr_ps(s[0].scale, s[1].scale, s[2].scale, s[3].scale);
-    w.scale = (vf32x16)_mm512_permutexvar_ps(spread, _mm512_castps128_ps512(sc));
-    if constexpr (kOffset) {
-      const __m128 off = _mm_setr_ps(signed_offset(s[0]), signed_offset(s[1]), signed_offset(s[2]),
-                                     signed_offset(s[3]));
-      w.offset = (vf32x16)_mm512_permutexvar_ps(spread, _mm512_castps128_ps512(off)) + w.scale * kCenter;
+    w.scale = block_lanes([&](int k) { return s[k].scale; });
+    if constexpr (kOffset) w.offset = block_lanes([&](int k) { return signed_offset(s[k]); }) + w.scale * kCenter;
+  }
+  template <class Value>
+  static inline __attribute__((always_inline)) vf32x16 block_lanes(Value value) {
+    static_assert(kBlocks == 4 || kBlocks == 8);
+    if constexpr (kBlocks == 4) {
+      const __m128 v = _mm_setr_ps(value(0), value(1), value(2), value(3));
+      const __m512i spread = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+      return (vf32x16)_mm512_permutexvar_ps(spread, _mm512_castps128_ps512(v));
+    } else {
+      const __m256 v = _mm256_setr_ps(value(0), value(1), value(2), value(3), value(4), value(5), value(6), value(7));
+      const __m512i spread = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+      return (vf32x16)_mm512_permutexvar_ps(spread, _mm512_castps256_ps512(v));
     }
   }
 
@@ -995,9 +1004,11 @@ struct SpanRowDot {
       load(w, p);
       step(acc, w, x);
     }
-    if (blk < end) {
-      load_tail(w, row + blk * sizeof(B), static_cast<int>(end - blk));
-      step(acc, w, x);
+    if constexpr (kBlocks > 1) {
+      if (blk < end) {
+        load_tail(w, row + blk * sizeof(B), static_cast<int>(end - blk));
+        step(acc, w, x);
+      }
     }
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) res[r] = hsum16(acc[r]);
