@@ -248,7 +248,7 @@ struct ChunkScales {
   using B = typename Q::B;
   vf32x16 scale, offset;  // 256-element blocks: chunk c in lane c
 
-  void load_block(const B* b) {
+  inline __attribute__((always_inline)) void load_block(const B* b) {
     float sc[16], off[16];
     for (int c = 0; c < 16; ++c) {
       const auto s = Q::scale(b, c);
@@ -278,7 +278,7 @@ inline __attribute__((always_inline)) vu8x16 k4_scale_min_bytes(const B* b) {
 
 template <class Q>
 struct K4Scales : ChunkScales<Q> {
-  void load_block(const typename Q::B* b) {
+  inline __attribute__((always_inline)) void load_block(const typename Q::B* b) {
     const vf32x16 values = widen_bytes(k4_scale_min_bytes(b));
     const float d = GGML_EXT_HALF_TO_FLOAT(b->d), dmin = GGML_EXT_HALF_TO_FLOAT(b->dmin);
     const vf32x16 dl = values * d, ml = values * (-dmin);
@@ -290,7 +290,7 @@ struct K4Scales : ChunkScales<Q> {
 
 // Q6_K: 16 int8 scales, one per chunk.
 struct Q6KScales : ChunkScales<GGML_EXT_BLOCK_FORMAT(q6_k, 256)> {
-  void load_block(const block_q6_k* b) {
+  inline __attribute__((always_inline)) void load_block(const block_q6_k* b) {
     vi8x16 s;
     std::memcpy(&s, b->scales, sizeof s);
     scale = __builtin_convertvector(__builtin_convertvector(__builtin_convertvector(s, vi16x16), vi32x16), vf32x16) *
@@ -301,7 +301,7 @@ struct Q6KScales : ChunkScales<GGML_EXT_BLOCK_FORMAT(q6_k, 256)> {
 
 // Q2_K: 16 bytes, scale in the low nibble and min in the high one, one per chunk.
 struct Q2KScales : ChunkScales<GGML_EXT_BLOCK_FORMAT(q2_k, 256)> {
-  void load_block(const block_q2_k* b) {
+  inline __attribute__((always_inline)) void load_block(const block_q2_k* b) {
     const vu8x16 v = load16(b->scales);
     scale = widen_bytes(v & 15) * GGML_EXT_HALF_TO_FLOAT(b->d);
     offset = widen_bytes(v >> 4) * -GGML_EXT_HALF_TO_FLOAT(b->dmin);
@@ -310,7 +310,7 @@ struct Q2KScales : ChunkScales<GGML_EXT_BLOCK_FORMAT(q2_k, 256)> {
 
 // Q3_K: 16 six-bit scales (minus 32): low nibbles from bytes 0..7, two high bits from bytes 8..11.
 struct Q3KScales : ChunkScales<GGML_EXT_BLOCK_FORMAT(q3_k, 256)> {
-  void load_block(const block_q3_k* b) {
+  inline __attribute__((always_inline)) void load_block(const block_q3_k* b) {
     const vu8x16 v = load16(b->scales);  // 12 bytes of scales, then the block's d and the next block
     const vu8x16 low_idx = {0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7};
     const vu8x16 first_half = {15, 15, 15, 15, 15, 15, 15, 15, 0, 0, 0, 0, 0, 0, 0, 0};
@@ -329,7 +329,7 @@ struct Q3KScales : ChunkScales<GGML_EXT_BLOCK_FORMAT(q3_k, 256)> {
 
 // IQ4_XS: 8 six-bit scales (minus 32), one per pair of chunks.
 struct IQ4XSScales : ChunkScales<GGML_EXT_BLOCK_FORMAT(iq4_xs, 256)> {
-  void load_block(const block_iq4_xs* b) {
+  inline __attribute__((always_inline)) void load_block(const block_iq4_xs* b) {
     const float d = GGML_EXT_HALF_TO_FLOAT(b->d);
     float sc[16];
     for (int ib = 0; ib < 8; ++ib) sc[2 * ib] = sc[2 * ib + 1] = d * static_cast<float>(ggml_ext_iq4xs_scale(b, ib));
@@ -534,7 +534,7 @@ template <class Q>
 struct HalfScales {
   vf32x8 scale[2], offset[2];
 
-  void load_block(const typename Q::B* b) {
+  inline __attribute__((always_inline)) void load_block(const typename Q::B* b) {
     typename ScalesOf<Q>::type sc;
     sc.load_block(b);
     std::memcpy(scale, &sc.scale, sizeof scale);
@@ -553,7 +553,7 @@ template <class Q>
 struct K4HalfScales : HalfScales<Q> {
   vf32x8 sub_scale;
 
-  void load_block(const typename Q::B* b) {
+  inline __attribute__((always_inline)) void load_block(const typename Q::B* b) {
     const __m128i bytes = (__m128i)k4_scale_min_bytes(b);
     sub_scale = (vf32x8)_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes)) * GGML_EXT_HALF_TO_FLOAT(b->d);
     const vf32x8 sub_min =
