@@ -7,12 +7,12 @@
 //     sum_j w_j x_j = sum_lanes s_w * d_x * (sum code_j q_j) + o_w * (sum x_j)
 // (o_w: the chunk's offset, for Q4_1, Q5_1, Q2_K, Q4_K, Q5_K; the activation sums are exact float sums).
 // Two layouts of the activations:
-// - groups of 64 elements (QuantizedRows), for one row of x (every row below AVX-512 VNNI): half a group per
-//   256-bit step, the dot one instruction per 4 elements (VNNI dpbusd, AVX2 maddubs/madd, NEON sdot or widening
-//   multiplies), each lane scaled on its own;
-// - spans (SpanRows), for two rows or more on AVX-512 VNNI: the weights gathered by byte permutes into the
-//   order the activations are stored in, so that a whole span (128 or 256 elements) adds into one int32 vector
-//   per row of x before the float scaling, which then comes 2 or 4 times less often (see SpanRowDot).
+// - groups of 64 elements (QuantizedRows), for one row of x (every row below AVX-512 VNNI; Q8_0 up to 4 rows):
+//   half a group per 256-bit step, the dot one instruction per 4 elements (VNNI dpbusd, AVX2 maddubs/madd, NEON
+//   sdot or widening multiplies), each lane scaled on its own;
+// - spans (SpanRows), for more rows on AVX-512 VNNI: the weights gathered by byte permutes into the order the
+//   activations are stored in, so that a whole span (128 or 256 elements) adds into one int32 vector per row
+//   of x before the float scaling, which then comes 2 or 4 times less often (see SpanRowDot).
 // Rows of x are taken in tiles of up to 8, so each weight span or group is decoded once per tile: decode
 // (M <= 8) streams the weight once with every thread; prefill tiles M by 8 and keeps a slice of weight rows in L2.
 //
@@ -1025,8 +1025,8 @@ struct SpanRowDot {
 #endif
 
 // The row dots on activations in groups (QuantizedRows), with the weight decoders they take: on AVX-512 VNNI
-// only for one row of x (spans take two or more), where the 256-bit kernel was measured on Zen 4 (which executes
-// 512-bit operations in two halves) at 1.0-1.6x the speed of a 512-bit one.
+// only where spans do not pay (one row of x; Q8_0 up to 4), where the 256-bit kernel was measured on Zen 4
+// (which executes 512-bit operations in two halves) at 1.0-1.6x the speed of a 512-bit one.
 template <class Q, bool kOffset>
 struct RowCodes {
 #if defined(__AVX2__)
@@ -1149,7 +1149,9 @@ void forward_spans(const MatmulArgs& a) {
 template <class Q, bool kOffset>
 void forward_quantized(const MatmulArgs& a) {
 #if defined(__AVX512VNNI__) && defined(__AVX512VBMI__)
-  if (a.M > 1) return forward_spans<Q, kOffset>(a);
+  // Spans pay once the per-row float work outweighs their decode: from 2 rows of x for 256-element spans, from 5
+  // for Q8_0's 128-element ones (three loads per register; 1.4x slower than the group kernels at 2 rows).
+  if (a.M > (kSpan<Q> == 256 ? 1 : 4)) return forward_spans<Q, kOffset>(a);
 #endif
   QuantizedRows act;
   act.resize(a.M, (a.K + kGroup - 1) / kGroup);
