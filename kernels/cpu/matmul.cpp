@@ -160,6 +160,11 @@ struct ChunkSums {
   const float* q_of(int r, int64_t chunk) const { return q + r * stride + chunk; }
 };
 
+// The sum of n floats (a power of 2) in pairs: a fixed order, so the same x gives the same sums.
+inline float pairwise_sum(const float* v, int n) {
+  return n == 1 ? v[0] : pairwise_sum(v, n / 2) + pairwise_sum(v + n / 2, n / 2);
+}
+
 // One block of x (n <= 32 elements, zeros after them) as float32 in v; returns its scale amax / 127.
 template <class Fmt>
 float block_scale(const typename Fmt::T* x, int64_t n, float* v) {
@@ -184,14 +189,9 @@ void quantize_activation_row(const typename Fmt::T* x, int64_t K, QuantizedRows&
     r.d[part / kActBlock] = scale;
     for (int c = 0; c < kActBlock / 16; ++c) {
       const int64_t at = row * a.chunks + k0 / 16 + c;
-      float lanes[4];
       int q_sum = 0;
-      for (int l = 0; l < 4; ++l) {
-        const float* e = v + 16 * c + 4 * l;
-        lanes[l] = (e[0] + e[1]) + (e[2] + e[3]);
-      }
       for (int j = 0; j < 16; ++j) q_sum += r.q[part + 16 * c + j];
-      a.chunk_x[at] = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+      a.chunk_x[at] = pairwise_sum(v + 16 * c, 16);
       a.chunk_q[at] = static_cast<float>(q_sum) * scale;
     }
   }
@@ -737,11 +737,6 @@ struct SpanRows {
   }
   int64_t at(int64_t row, int64_t span) const { return (row / tile * spans + span) * tile + row % tile; }
 };
-
-// The sum of n floats in pairs (a fixed order: the same x gives the same sums).
-inline float pairwise_sum(const float* v, int n) {
-  return n == 1 ? v[0] : pairwise_sum(v, n / 2) + pairwise_sum(v + n / 2, n / 2);
-}
 
 template <class Fmt, int S>
 void quantize_span_row(const typename Fmt::T* x, int64_t K, SpanRows<S>& a, int64_t row) {
