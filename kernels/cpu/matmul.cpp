@@ -47,7 +47,9 @@ constexpr int64_t kL2WeightBytes = 192 << 10;  // weight rows kept in cache acro
 // A K segment's activations, kept in L2: segments cut every weight row into pieces, which DRAM streams badly,
 // so they are as long as the cache allows.
 constexpr int64_t kActivationBytes = 256 << 10;
-constexpr int64_t kPrefetchBytes = 1024;  // how far ahead of the decoder the weight row is prefetched
+// How far ahead of the decoder the weight row is prefetched: 4 KB rather than 1 made one row of x on 4096x14336
+// 1.1-1.2x faster (rows of 8-14 KB stalled on DRAM) and changed little elsewhere.
+constexpr int64_t kPrefetchBytes = 4096;
 // Asks for the kLines 64-byte lines kPrefetchBytes ahead of p in a weight row (the decoders' loops, once per step).
 template <int kLines>
 inline __attribute__((always_inline)) void prefetch_ahead(const uint8_t* p) {
