@@ -119,26 +119,34 @@ struct ActRecord {
 // The tile instance for `rows` rows of x: 1, 2, 4 or 8 (the rows a weight pass takes at once).
 inline int tile_rows_for(int64_t rows) { return rows <= 1 ? 1 : rows <= 2 ? 2 : rows <= 4 ? 4 : kTileRows; }
 
-struct QuantizedRows {
-  int64_t groups = 0;
+// Where the records of rows of x sit: tiles of `tile` rows, and inside a tile `units` records per row (groups or
+// spans along K), unit-major, so that a tile's records of one unit are contiguous.
+struct RowTiles {
+  int64_t units = 0;
+  int64_t tile = kTileRows;  // rows per tile: 1, 2, 4 or 8 (fewer for small M, so no record is padding)
+
+  // Returns the rows padded to whole tiles.
+  int64_t shape(int64_t rows, int64_t n_units) {
+    tile = tile_rows_for(rows);
+    units = n_units;
+    return (rows + tile - 1) / tile * tile;
+  }
+  int64_t at(int64_t row, int64_t unit) const { return (row / tile * units + unit) * tile + row % tile; }
+};
+
+struct QuantizedRows : RowTiles {
   std::vector<ActRecord> rec;
   // Per row and 16-element chunk, row-major: the exact float sum of x and the sum of its codes times their scale.
   std::vector<float> chunk_x, chunk_q;
   int64_t chunks = 0;  // per row
 
-  int64_t tile = kTileRows;  // rows per tile: 1, 2, 4 or 8 (fewer for small M, so no record is padding)
-
-  void resize(int64_t rows, int64_t n_groups) {
-    tile = tile_rows_for(rows);
-    groups = n_groups;
-    const int64_t padded = (rows + tile - 1) / tile * tile;
-    rec.assign(padded * groups, ActRecord{});  // activations of zero: padding rows and the tail of the last group
-    chunks = groups * (kGroup / 16);
+  void resize(int64_t rows, int64_t K) {
+    const int64_t padded = shape(rows, (K + kGroup - 1) / kGroup);
+    rec.assign(padded * units, ActRecord{});  // activations of zero: padding rows and the tail of the last group
+    chunks = units * (kGroup / 16);
     chunk_x.assign(padded * chunks, 0.0f);
     chunk_q.assign(padded * chunks, 0.0f);
   }
-  // Record index of (row, group): tiles of `tile` rows, group-major inside a tile.
-  int64_t at(int64_t row, int64_t group) const { return (row / tile * groups + group) * tile + row % tile; }
 };
 
 // One tile of rows of x as a row dot reads it: group g's records at rec[g * stride + r].
@@ -167,27 +175,29 @@ inline float pairwise_sum(const float* v, int n) {
   return n == 1 ? v[0] : pairwise_sum(v, n / 2) + pairwise_sum(v + n / 2, n / 2);
 }
 
-// One block of x (n <= 32 elements, zeros after them) as float32 in v; returns its scale amax / 127.
+// One block of x (n <= 32 elements, zeros after them): its values as float32 in v and its codes in q (v / scale
+// rounded; 0 for a zero or non-finite scale); returns the scale amax / 127.
 template <class Fmt>
-float block_scale(const typename Fmt::T* x, int64_t n, float* v) {
+float quantize_block(const typename Fmt::T* x, int64_t n, float* v, int8_t* q) {
   float amax = 0.0f;
   for (int j = 0; j < kActBlock; ++j) {
     v[j] = j < n ? Fmt::to_f32(x[j]) : 0.0f;
     const float m = std::fabs(v[j]);
     amax = (m > amax || m != m) ? m : amax;  // a NaN stays the maximum, so the row's result is NaN
   }
-  return amax / 127.0f;
+  const float scale = amax / 127.0f;
+  const float inv = scale != 0.0f && std::isfinite(scale) ? 1.0f / scale : 0.0f;
+  for (int j = 0; j < kActBlock; ++j) q[j] = static_cast<int8_t>(std::nearbyint(v[j] * inv));
+  return scale;
 }
 
 template <class Fmt>
-void quantize_activation_row(const typename Fmt::T* x, int64_t K, QuantizedRows& a, int64_t row) {
+void quantize_row(const typename Fmt::T* x, int64_t K, QuantizedRows& a, int64_t row) {
   for (int64_t k0 = 0; k0 < K; k0 += kActBlock) {
     float v[kActBlock];
-    const float scale = block_scale<Fmt>(x + k0, std::min<int64_t>(kActBlock, K - k0), v);
-    const float inv = scale != 0.0f && std::isfinite(scale) ? 1.0f / scale : 0.0f;
     const int64_t part = k0 % kGroup;
     ActRecord& r = a.rec[a.at(row, k0 / kGroup)];
-    for (int j = 0; j < kActBlock; ++j) r.q[part + j] = static_cast<int8_t>(std::nearbyint(v[j] * inv));
+    const float scale = quantize_block<Fmt>(x + k0, std::min<int64_t>(kActBlock, K - k0), v, r.q + part);
     r.d[part / kActBlock] = scale;
     for (int c = 0; c < kActBlock / 16; ++c) {
       const int64_t at = row * a.chunks + k0 / 16 + c;
@@ -724,34 +734,29 @@ constexpr int span_position(int e) {
   return 64 * (e % (S / 16) / 4) + 4 * (e / (S / 16)) + e % 4;
 }
 
-// Rows of x in span records, in tiles of rows like QuantizedRows.
+// Rows of x in span records.
 template <int S>
-struct SpanRows {
-  int64_t spans = 0, tile = kTileRows;
+struct SpanRows : RowTiles {
   std::vector<SpanRecord<S>> rec;
 
-  void resize(int64_t rows, int64_t n_spans) {
-    tile = tile_rows_for(rows);
-    spans = n_spans;
+  void resize(int64_t rows, int64_t K) {
+    const int64_t padded = shape(rows, (K + S - 1) / S);
     SpanRecord<S> zero{};  // x = 0: padding rows and the tail of the last span
     std::memset(zero.q, 128, sizeof zero.q);
-    rec.assign((rows + tile - 1) / tile * tile * spans, zero);
+    rec.assign(padded * units, zero);
   }
-  int64_t at(int64_t row, int64_t span) const { return (row / tile * spans + span) * tile + row % tile; }
 };
 
 template <class Fmt, int S>
-void quantize_span_row(const typename Fmt::T* x, int64_t K, SpanRows<S>& a, int64_t row) {
+void quantize_row(const typename Fmt::T* x, int64_t K, SpanRows<S>& a, int64_t row) {
   constexpr int kLane = S / 16;  // elements per lane
   for (int64_t k0 = 0; k0 < K; k0 += kActBlock) {
     float v[kActBlock];
-    const float scale = block_scale<Fmt>(x + k0, std::min<int64_t>(kActBlock, K - k0), v);
-    const float inv = scale != 0.0f && std::isfinite(scale) ? 1.0f / scale : 0.0f;
+    int8_t q[kActBlock];
+    const float scale = quantize_block<Fmt>(x + k0, std::min<int64_t>(kActBlock, K - k0), v, q);
     SpanRecord<S>& r = a.rec[a.at(row, k0 / S)];
     const int base = static_cast<int>(k0 % S);
-    for (int j = 0; j < kActBlock; ++j) {
-      r.q[span_position<S>(base + j)] = static_cast<uint8_t>(static_cast<int>(std::nearbyint(v[j] * inv)) + 128);
-    }
+    for (int j = 0; j < kActBlock; ++j) r.q[span_position<S>(base + j)] = static_cast<uint8_t>(q[j] + 128);
     for (int l = 0; l < kActBlock / kLane; ++l) {
       r.d[base / kLane + l] = scale;
       r.xsum[base / kLane + l] = pairwise_sum(v + kLane * l, kLane);
@@ -1008,15 +1013,7 @@ struct SpanRowDot {
       }
     }
 #pragma GCC unroll 8
-    for (int r = 0; r < MR; ++r) res[r] = hsum16(acc[r]);
-  }
-
-  static float hsum16(vf32x16 v) {
-    float t[16];
-    std::memcpy(t, &v, sizeof t);
-    float s = 0.0f;
-    for (int i = 0; i < 16; ++i) s += t[i];
-    return s;
+    for (int r = 0; r < MR; ++r) res[r] = hsum(acc[r]);  // AVX-512: vf32 is 16 lanes
   }
 };
 #endif
@@ -1119,27 +1116,34 @@ void forward_tiles(const MatmulArgs& a, int64_t row_bytes, int64_t act_bytes, Do
   });
 }
 
-#if defined(__AVX512VNNI__) && defined(__AVX512VBMI__)
-template <class Q, bool kOffset>
-void forward_spans(const MatmulArgs& a) {
-  constexpr int S = kSpan<Q>;
-  SpanRows<S> act;
-  act.resize(a.M, (a.K + S - 1) / S);
+// The forward product on quantized activations: x's rows quantized into `act` (quantize_row, rows over the
+// threads), then every (row tile, weight row) through the row dot Dot<Q, MR, kOffset> (act_bytes: the
+// activations' bytes per element and row).
+template <template <class, int, bool> class Dot, class Q, bool kOffset, class Act, class Codes>
+void forward_on_rows(const MatmulArgs& a, Act&& act, const Codes& codes, int64_t act_bytes) {
+  act.resize(a.M, a.K);
   GGML_EXT_FLOAT_SWITCH(a.x_type, In, {
     const auto* x = static_cast<const typename In::T*>(a.x);
     parallel_for(a.M, std::max<int64_t>(1, 16384 / a.K), [&](int64_t m0, int64_t m1) {
-      for (int64_t m = m0; m < m1; ++m) quantize_span_row<In, S>(x + m * a.K, a.K, act, m);
+      for (int64_t m = m0; m < m1; ++m) quantize_row<In>(x + m * a.K, a.K, act, m);
     });
   });
   const int64_t row_bytes = a.K / Q::kQK * sizeof(typename Q::B);
   const auto* w = static_cast<const uint8_t*>(a.w);
-  const SpanCodes<Q, kOffset> codes;
-  forward_tiles(a, row_bytes, (sizeof(SpanRecord<S>) + S - 1) / S, [&](int64_t n, int64_t m0, int64_t rows,
-                                                             int64_t k0, int64_t k1, float* res) {
+  forward_tiles(a, row_bytes, act_bytes, [&](int64_t n, int64_t m0, int64_t rows, int64_t k0, int64_t k1,
+                                             float* res) {
     with_tile(rows, [&]<int MR>() {
-      SpanRowDot<Q, MR, kOffset>(act, m0, codes).run(w + n * row_bytes, k0 / Q::kQK, k1 / Q::kQK, res);
+      Dot<Q, MR, kOffset>(act, m0, codes).run(w + n * row_bytes, k0 / Q::kQK, k1 / Q::kQK, res);
     });
   });
+}
+
+#if defined(__AVX512VNNI__) && defined(__AVX512VBMI__)
+template <class Q, bool kOffset>
+void forward_spans(const MatmulArgs& a) {
+  constexpr int S = kSpan<Q>;
+  forward_on_rows<SpanRowDot, Q, kOffset>(a, SpanRows<S>{}, SpanCodes<Q, kOffset>{},
+                                          (sizeof(SpanRecord<S>) + S - 1) / S);
 }
 #endif
 
@@ -1150,24 +1154,7 @@ void forward_quantized(const MatmulArgs& a) {
   // for Q8_0's 128-element ones (three loads per register; 1.4x slower than the group kernels at 2 rows).
   if (a.M > (kSpan<Q> == 256 ? 1 : 4)) return forward_spans<Q, kOffset>(a);
 #endif
-  QuantizedRows act;
-  act.resize(a.M, (a.K + kGroup - 1) / kGroup);
-  GGML_EXT_FLOAT_SWITCH(a.x_type, In, {
-    const auto* x = static_cast<const typename In::T*>(a.x);
-    parallel_for(a.M, std::max<int64_t>(1, 16384 / a.K), [&](int64_t m0, int64_t m1) {
-      for (int64_t m = m0; m < m1; ++m) quantize_activation_row<In>(x + m * a.K, a.K, act, m);
-    });
-  });
-  const int64_t n_blocks = a.K / Q::kQK;
-  const int64_t row_bytes = n_blocks * sizeof(typename Q::B);
-  const auto* w = static_cast<const uint8_t*>(a.w);
-  const RowCodes<Q, kOffset> codes;
-  forward_tiles(a, row_bytes, sizeof(ActRecord) / kGroup, [&](int64_t n, int64_t m0, int64_t rows,
-                                                               int64_t k0, int64_t k1, float* res) {
-    with_tile(rows, [&]<int MR>() {
-      RowDot<Q, MR, kOffset>(act, m0, codes).run(w + n * row_bytes, k0 / Q::kQK, k1 / Q::kQK, res);
-    });
-  });
+  forward_on_rows<RowDot, Q, kOffset>(a, QuantizedRows{}, RowCodes<Q, kOffset>{}, sizeof(ActRecord) / kGroup);
 }
 
 template <class Q>
