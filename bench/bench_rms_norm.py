@@ -7,7 +7,7 @@ import argparse
 
 import mlx.core as mx
 
-from common import add_run_options, device_name, emit, header, interleaved, roofline_fields, with_cpu_roofline
+from common import add_run_options, device_name, emit, header, interleaved_samples, streaming_op_fields, with_cpu_roofline
 from mlx_ggml_ext import ops
 
 DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
@@ -19,16 +19,13 @@ def run(rows: int, dim: int, dtype_name: str, graph: int, rounds: int) -> dict:
     w = mx.random.normal((dim,)).astype(dtype)
     mx.eval(xs, w)
     moved = 2 * rows * dim * xs[0].itemsize  # read x, write y (w stays in cache)
-    times = interleaved(with_cpu_roofline({
+    samples = interleaved_samples(with_cpu_roofline({
         "ours": lambda: [ops.rms_norm(x, w, 1e-6) for x in xs],
         "mlx": lambda: [mx.fast.rms_norm(x, w, 1e-6) for x in xs],
     }, graph * moved // 2, graph * moved // 2), rounds=rounds)
-    per_op = {k: v / graph for k, v in times.items()}
     record = {
         "bench": "rms_norm", "shape": [rows, dim], "dtype": dtype_name, "device": device_name(),
-        "graph_ops": graph, "time_us": per_op["ours"] * 1e6, "mlx_fast_time_us": per_op["mlx"] * 1e6,
-        "gbs": moved / per_op["ours"] / 1e9, "speedup_vs_mlx_fast": per_op["mlx"] / per_op["ours"],
-        **roofline_fields(per_op, moved),
+        "graph_ops": graph, **streaming_op_fields(samples, graph, moved),
     }
     return record
 

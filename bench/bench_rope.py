@@ -9,7 +9,7 @@ import argparse
 
 import mlx.core as mx
 
-from common import add_run_options, device_name, emit, header, interleaved, roofline_fields, with_cpu_roofline
+from common import add_run_options, device_name, emit, header, interleaved_samples, streaming_op_fields, with_cpu_roofline
 from mlx_ggml_ext import ops
 
 DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
@@ -24,17 +24,14 @@ def run(shape, mode: str, dtype_name: str, graph: int, rounds: int) -> dict:
     mx.eval(xs, xs_mlx, positions)
     traditional = mode == "normal"
     moved = 2 * xs[0].nbytes  # read x, write y (positions and the angle tables stay in cache)
-    times = interleaved(with_cpu_roofline({
+    samples = interleaved_samples(with_cpu_roofline({
         "ours": lambda: [ops.rope(x, positions, dim, mode) for x in xs],
         "mlx": lambda: [mx.fast.rope(x, dim, traditional=traditional, base=10000.0, scale=1.0, offset=0)
                         for x in xs_mlx],
     }, graph * moved // 2, graph * moved // 2), rounds=rounds)
-    per_op = {k: v / graph for k, v in times.items()}
     record = {
         "bench": "rope", "shape": list(shape), "mode": mode, "dtype": dtype_name, "device": device_name(),
-        "graph_ops": graph, "time_us": per_op["ours"] * 1e6, "mlx_fast_time_us": per_op["mlx"] * 1e6,
-        "gbs": moved / per_op["ours"] / 1e9, "speedup_vs_mlx_fast": per_op["mlx"] / per_op["ours"],
-        **roofline_fields(per_op, moved),
+        "graph_ops": graph, **streaming_op_fields(samples, graph, moved),
     }
     return record
 

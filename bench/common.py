@@ -8,7 +8,7 @@ import json
 import statistics
 import sys
 import time
-from typing import Callable, Dict
+from typing import Callable, Dict, List
 
 import mlx.core as mx
 
@@ -35,8 +35,9 @@ def timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
-def interleaved(contenders: Dict[str, Callable[[], object]], rounds: int = 30, warmup: int = 3) -> Dict[str, float]:
-    """Median seconds per call of each contender, measured round-robin."""
+def interleaved_samples(contenders: Dict[str, Callable[[], object]], rounds: int = 30,
+                        warmup: int = 3) -> Dict[str, List[float]]:
+    """Seconds per call of each contender in every round, measured round-robin."""
     for fn in contenders.values():
         for _ in range(warmup):
             timed(fn)
@@ -44,7 +45,12 @@ def interleaved(contenders: Dict[str, Callable[[], object]], rounds: int = 30, w
     for _ in range(rounds):
         for name, fn in contenders.items():
             samples[name].append(timed(fn))
-    return {name: statistics.median(s) for name, s in samples.items()}
+    return samples
+
+
+def interleaved(contenders: Dict[str, Callable[[], object]], rounds: int = 30, warmup: int = 3) -> Dict[str, float]:
+    """Median seconds per call of each contender, measured round-robin."""
+    return {name: statistics.median(s) for name, s in interleaved_samples(contenders, rounds, warmup).items()}
 
 
 def cpu_roofline_seconds(read_bytes: int, written_bytes: int, repeats: int = 1) -> float:
@@ -73,6 +79,25 @@ def roofline_fields(per_op: Dict[str, float], moved_per_op: int, name: str = "ou
         return {}
     roof = moved_per_op / per_op["roofline"] / 1e9
     return {"roofline_gbs": roof, "fraction_of_roofline": moved_per_op / per_op[name] / 1e9 / roof}
+
+
+def streaming_op_fields(samples: Dict[str, List[float]], graph: int, moved_per_op: int) -> dict:
+    """The fields of a streaming op ("ours") against MLX's built-in ("mlx") and the
+    roofline, from interleaved_samples of graphs of `graph` ops: from the medians,
+    and (best_*) from each contender's best round. On this shared machine a round is
+    only ever slowed by interference (its bandwidth drops by up to 2x for whole
+    rounds, for every contender alike but not in the same rounds), so the best
+    rounds are the other fair summary (Python's timeit gives the same advice)."""
+    fields = {}
+    for prefix, summary in (("", statistics.median), ("best_", min)):
+        per_op = {name: summary(s) / graph for name, s in samples.items()}
+        fields.update({
+            f"{prefix}time_us": per_op["ours"] * 1e6, f"{prefix}mlx_fast_time_us": per_op["mlx"] * 1e6,
+            f"{prefix}gbs": moved_per_op / per_op["ours"] / 1e9,
+            f"{prefix}speedup_vs_mlx_fast": per_op["mlx"] / per_op["ours"],
+            **{prefix + k: v for k, v in roofline_fields(per_op, moved_per_op).items()},
+        })
+    return fields
 
 
 def cpu_roofline_gbs(read_bytes: int, written_bytes: int, repeats: int = 7) -> float:

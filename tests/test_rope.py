@@ -109,9 +109,10 @@ def test_large_multithreaded_input():
 
 @pytest.mark.parametrize("dtype, batches", [(mx.float32, 2), (mx.bfloat16, 4)], ids=str)
 def test_outputs_large_enough_for_streaming_stores(cpu_isa, dtype, batches):
-    """Outputs of 4 MiB and more are staged per token and streamed out: rows whose
-    length (D = 130, partial rotation) is not a whole number of vectors, at the
-    buffer's own (not vector-aligned) address, every kernel variant."""
+    """Outputs of 4 MiB and more are written with streaming stores: rows whose
+    length (D = 130, partial rotation) is not a whole number of vectors are staged
+    per token and streamed out, at the buffer's own (not vector-aligned) address,
+    every kernel variant."""
     rng = np.random.default_rng(23)
     x = random_array(rng, (batches, 260, 16, 130), dtype)
     assert x.nbytes >= 4 << 20
@@ -120,6 +121,32 @@ def test_outputs_large_enough_for_streaming_stores(cpu_isa, dtype, batches):
         got, expected = run_rope(x, positions, 64, mode)
         assert_close(got, expected, "rope", dtype)
         np.testing.assert_array_equal(to_numpy(got)[..., 64:], to_numpy(x)[..., 64:])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_streamed_whole_vector_rows_fresh_and_in_place(cpu_isa, dtype):
+    """Outputs of 4 MiB and more whose heads are whole vectors go straight to memory
+    through aligned streaming stores that join consecutive vectors (MLX's buffers
+    are not vector-aligned): full and partial rotation (the rest copied), into a
+    fresh buffer and into the donated input (NEOX's second half waits for the first
+    to be written, so x is read before it is overwritten), every kernel variant."""
+    rng = np.random.default_rng(24)
+    batches = 2 if dtype == mx.float32 else 4
+    x = random_array(rng, (batches, 260, 16, 128), dtype)
+    assert x.nbytes >= 4 << 20
+    positions = random_positions(rng, 260)
+    pos = mx.array(positions)
+    for mode, n_dims in itertools.product(MODES, [128, 64, 32]):
+        expected = reference.rope(to_numpy(x), positions, n_dims, mode)
+        fresh = ops.rope(x, pos, n_dims, mode)
+        mx.reset_peak_memory()
+        before = mx.get_active_memory()
+        in_place = ops.rope(x + 0, pos, n_dims, mode)  # x + 0 has no other user: donated
+        mx.eval(in_place)
+        assert mx.get_peak_memory() - before < 1.5 * x.nbytes, "the input was not donated"
+        for got in (fresh, in_place):
+            assert_close(got, expected, "rope", dtype)
+            np.testing.assert_array_equal(to_numpy(got)[..., n_dims:], to_numpy(x)[..., n_dims:])
 
 
 def test_three_dimensional_input_and_leading_batch_axes():

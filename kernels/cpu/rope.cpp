@@ -176,45 +176,95 @@ void fill_tables(const RopeArgs& a, const int32_t* positions, const float* facto
   }
 }
 
+// Where a head's rotated elements go: straight into y, or pushed through an
+// AlignedRowStream, which takes whole vectors in increasing element order only.
+// `later` is for outputs that come before their turn (NEOX's second half): the
+// stream holds them until `flush`, when the head's earlier elements have gone.
+template <class Fmt>
+struct DirectOut {
+  typename Fmt::T* y;
+  void vector(int64_t k, vf32 v) { Fmt::store(y + k, v); }
+  void later(int64_t k, vf32 v) { vector(k, v); }
+  void flush() {}
+  void element(int64_t k, float v) { y[k] = Fmt::from_f32(v); }
+};
+
+#if defined(__AVX512F__) || defined(__AVX2__)
+template <class Fmt>
+struct StreamOut {
+  using T = typename Fmt::T;
+  AlignedRowStream<T, typename Fmt::Packed>& row;
+  T* held;  // room for half a head
+  int64_t n_held = 0;
+  void vector(int64_t, vf32 v) { row.push(Fmt::pack(v)); }
+  void later(int64_t, vf32 v) {
+    const auto packed = Fmt::pack(v);
+    std::memcpy(held + n_held * kLanes, &packed, sizeof packed);
+    ++n_held;
+  }
+  void flush() {
+    for (int64_t i = 0; i < n_held; ++i) row.push(Fmt::load_packed(held + i * kLanes));
+    n_held = 0;
+  }
+  void element(int64_t, float) { __builtin_unreachable(); }  // rows_are_whole_vectors
+};
+#endif
+
 // NORMAL: pairs (2i, 2i+1). Two vectors at a time are split into their even and
 // odd elements, rotated like NEOX's halves and interleaved back: half the table
 // loads of a duplicated-table layout, which measured faster.
-template <class Fmt>
-void rotate_normal(const typename Fmt::T* x, typename Fmt::T* y, const float* ct, const float* st,
-                   int64_t n_dims) {
+template <class Fmt, class Out>
+void rotate_normal(const typename Fmt::T* x, Out& out, const float* ct, const float* st, int64_t n_dims) {
   int64_t k = 0;
   for (; k + 2 * kLanes <= n_dims; k += 2 * kLanes) {
     const vf32 va = Fmt::load(x + k), vb = Fmt::load(x + k + kLanes);
     const vf32 x0 = evens(va, vb), x1 = odds(va, vb);
     const vf32 c = F32::load(ct + k / 2), s = F32::load(st + k / 2);
     const vf32 y0 = x0 * c - x1 * s, y1 = x0 * s + x1 * c;
-    Fmt::store(y + k, interleave_low(y0, y1));
-    Fmt::store(y + k + kLanes, interleave_high(y0, y1));
+    out.vector(k, interleave_low(y0, y1));
+    out.vector(k + kLanes, interleave_high(y0, y1));
   }
   for (; k < n_dims; k += 2) {
     const float x0 = Fmt::to_f32(x[k]), x1 = Fmt::to_f32(x[k + 1]);
-    y[k] = Fmt::from_f32(x0 * ct[k / 2] - x1 * st[k / 2]);
-    y[k + 1] = Fmt::from_f32(x0 * st[k / 2] + x1 * ct[k / 2]);
+    out.element(k, x0 * ct[k / 2] - x1 * st[k / 2]);
+    out.element(k + 1, x0 * st[k / 2] + x1 * ct[k / 2]);
   }
 }
 
-// NEOX: pairs (i, i + n_dims/2), two contiguous halves.
-template <class Fmt>
-void rotate_neox(const typename Fmt::T* x, typename Fmt::T* y, const float* ct, const float* st,
-                 int64_t n_dims) {
+// NEOX: pairs (i, i + n_dims/2), two contiguous halves. One pass (x may be y).
+template <class Fmt, class Out>
+void rotate_neox(const typename Fmt::T* x, Out& out, const float* ct, const float* st, int64_t n_dims) {
   const int64_t half = n_dims / 2;
   int64_t i = 0;
   for (; i + kLanes <= half; i += kLanes) {
     const vf32 x0 = Fmt::load(x + i), x1 = Fmt::load(x + half + i);
     const vf32 c = F32::load(ct + i), s = F32::load(st + i);
-    Fmt::store(y + i, x0 * c - x1 * s);
-    Fmt::store(y + half + i, x0 * s + x1 * c);
+    out.vector(i, x0 * c - x1 * s);
+    out.later(half + i, x0 * s + x1 * c);
   }
   for (; i < half; ++i) {
     const float x0 = Fmt::to_f32(x[i]), x1 = Fmt::to_f32(x[half + i]);
-    y[i] = Fmt::from_f32(x0 * ct[i] - x1 * st[i]);
-    y[half + i] = Fmt::from_f32(x0 * st[i] + x1 * ct[i]);
+    out.element(i, x0 * ct[i] - x1 * st[i]);
+    out.element(half + i, x0 * st[i] + x1 * ct[i]);
   }
+  out.flush();
+}
+
+template <class Fmt, class Out>
+void rotate_head(const RopeArgs& a, const typename Fmt::T* x, Out& out, const float* ct, const float* st) {
+  if (a.neox) {
+    rotate_neox<Fmt>(x, out, ct, st, a.n_dims);
+  } else {
+    rotate_normal<Fmt>(x, out, ct, st, a.n_dims);
+  }
+}
+
+// Whether every head is whole vectors: its rotated part with no scalar tail and the
+// copied rest (dim - n_dims) in whole vectors, so a token row can be streamed
+// through an AlignedRowStream.
+bool rows_are_whole_vectors(const RopeArgs& a) {
+  // NORMAL rotates two vectors at a time, NEOX a vector of each half
+  return a.n_dims % (2 * kLanes) == 0 && (a.dim - a.n_dims) % kLanes == 0;
 }
 
 // How the work is cut: a unit is up to `group` consecutive tokens of up to
@@ -248,18 +298,21 @@ Split split_work(const RopeArgs& a) {
   return w;
 }
 
-template <class Fmt, bool kStream>
+// How a token row is written: ordinary stores into y; cache-bypassing stores
+// through an AlignedRowStream; or, for heads with scalar tails, rotated into a
+// cached row that is then streamed out.
+enum class Output { direct, streamed, staged };
+
+template <class Fmt, Output kOut>
 void rope_units(const RopeArgs& a, const Split& w, int64_t begin, int64_t end) {
   using T = typename Fmt::T;
   const T* x = static_cast<const T*>(a.x);
   T* y = static_cast<T*>(a.y);
   const int64_t half = a.n_dims / 2;
   const int64_t row = a.heads * a.dim;  // one token
-  const bool copy_rest = x != y && a.dim > a.n_dims;
+  const bool copy_rest = (x != y || kOut == Output::staged) && a.dim > a.n_dims;
   Scratch scratch(a);
-  // With streaming stores a token's heads are rotated into this cached row first,
-  // then streamed out whole (MLX's buffers are not vector-aligned, a token row is).
-  std::vector<T> staged(kStream ? row : 0);
+  std::vector<T> staged(kOut == Output::staged ? row : kOut == Output::streamed ? half : 0);
   for (int64_t u = begin; u < end; ++u) {
     const int64_t chunk = u % w.chunks;
     const int64_t t0 = (u / w.chunks % w.groups) * w.group;
@@ -276,24 +329,31 @@ void rope_units(const RopeArgs& a, const Split& w, int64_t begin, int64_t end) {
         const float* ct = scratch.cos_tab + l * scratch.pairs;
         const float* st = scratch.sin_tab + l * scratch.pairs;
         const int64_t token_offset = (b * a.tokens + t0 + l) * row;
-        T* out = kStream ? staged.data() : y + token_offset;
-        for (int64_t h = 0; h < a.heads; ++h) {
-          const T* xr = x + token_offset + h * a.dim;
-          T* yr = out + h * a.dim;
-          if (a.neox) {
-            rotate_neox<Fmt>(xr, yr, ct, st, a.n_dims);
-          } else {
-            rotate_normal<Fmt>(xr, yr, ct, st, a.n_dims);
+        const T* xt = x + token_offset;
+#if defined(__AVX512F__) || defined(__AVX2__)
+        if constexpr (kOut == Output::streamed) {
+          AlignedRowStream<T, typename Fmt::Packed> stream(y + token_offset);
+          StreamOut<Fmt> out{stream, staged.data()};
+          for (int64_t h = 0; h < a.heads; ++h) {
+            const T* xr = xt + h * a.dim;
+            rotate_head<Fmt>(a, xr, out, ct, st);
+            for (int64_t k = a.n_dims; k < a.dim; k += kLanes) stream.push(Fmt::load_packed(xr + k));
           }
-          if (kStream ? a.dim > a.n_dims : copy_rest) {
-            std::memcpy(yr + a.n_dims, xr + a.n_dims, (a.dim - a.n_dims) * sizeof(T));
-          }
+          stream.finish();
+          continue;
         }
-        if constexpr (kStream) stream_copy_bytes(y + token_offset, staged.data(), row * sizeof(T));
+#endif
+        T* yt = kOut == Output::staged ? staged.data() : y + token_offset;
+        for (int64_t h = 0; h < a.heads; ++h) {
+          DirectOut<Fmt> out{yt + h * a.dim};
+          rotate_head<Fmt>(a, xt + h * a.dim, out, ct, st);
+          if (copy_rest) std::memcpy(out.y + a.n_dims, xt + h * a.dim + a.n_dims, (a.dim - a.n_dims) * sizeof(T));
+        }
+        if constexpr (kOut == Output::staged) stream_copy_bytes(y + token_offset, yt, row * sizeof(T));
       }
     }
   }
-  if constexpr (kStream) stream_fence();
+  if constexpr (kOut != Output::direct) stream_fence();
 }
 
 }  // namespace
@@ -306,9 +366,20 @@ void rope(const RopeArgs& a) {
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, unit_elems));
   const bool stream = kHasStreamingStores && a.batches * a.tokens * a.heads * a.dim *
                                                  float_type_bytes(a.type) >= kStreamingStoreMinBytes;
-  GGML_EXT_FLOAT_SWITCH(a.type, Fmt, parallel_for(w.units, grain, [&](int64_t b, int64_t e) {
-                          stream ? rope_units<Fmt, true>(a, w, b, e) : rope_units<Fmt, false>(a, w, b, e);
-                        }));
+  GGML_EXT_FLOAT_SWITCH(a.type, Fmt, {
+    // Token rows start at multiples of the element size when y does.
+    const Output output = !stream ? Output::direct
+                          : rows_are_whole_vectors(a) && stream_row_supported(static_cast<typename Fmt::T*>(a.y))
+                              ? Output::streamed
+                              : Output::staged;
+    parallel_for(w.units, grain, [&](int64_t b, int64_t e) {
+      switch (output) {
+        case Output::direct: return rope_units<Fmt, Output::direct>(a, w, b, e);
+        case Output::streamed: return rope_units<Fmt, Output::streamed>(a, w, b, e);
+        case Output::staged: return rope_units<Fmt, Output::staged>(a, w, b, e);
+      }
+    });
+  });
 }
 
 }  // namespace GGML_EXT_ISA
