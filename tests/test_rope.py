@@ -125,11 +125,12 @@ def test_outputs_large_enough_for_streaming_stores(cpu_isa, dtype, batches):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_streamed_whole_vector_rows_fresh_and_in_place(cpu_isa, dtype):
-    """Outputs of 4 MiB and more whose heads are whole vectors go straight to memory
-    through aligned streaming stores that join consecutive vectors (MLX's buffers
-    are not vector-aligned): full and partial rotation (the rest copied), into a
-    fresh buffer and into the donated input (NEOX's second half waits for the first
-    to be written, so x is read before it is overwritten), every kernel variant."""
+    """Outputs of 4 MiB and more whose heads are whole vectors: float32 rows go
+    straight to memory through aligned streaming stores that join consecutive
+    vectors (MLX's buffers are not vector-aligned), 16-bit rows are staged per
+    token. Full and partial rotation (the rest copied), into a fresh buffer and into
+    the donated input (NEOX's second half waits for the first to be written, so x
+    is read before it is overwritten), every kernel variant."""
     rng = np.random.default_rng(24)
     batches = 2 if dtype == mx.float32 else 4
     x = random_array(rng, (batches, 260, 16, 128), dtype)

@@ -108,14 +108,9 @@ inline void stream_copy_bytes(void* dst, const void* src, int64_t n) {
 }
 
 #if defined(__AVX512F__) || defined(__AVX2__)
-// Joins two vectors of kLanes lanes: lanes [shift, kLanes) of a, then lanes
-// [0, shift) of b (a vector that starts `shift` lanes into a), with the shift
-// chosen at run time. V is vf32 or vu16 (float32 or 16-bit lanes).
-template <class V>
-class LaneShift;
-
-template <>
-class LaneShift<vf32> {
+// Lanes [shift, kLanes) of a, then lanes [0, shift) of b (the vector that starts
+// `shift` lanes into a), with the shift chosen at run time.
+class LaneShift {
  public:
   explicit LaneShift(int shift) {
     for (int l = 0; l < kLanes; ++l) index_[l] = shift + l;
@@ -136,55 +131,18 @@ class LaneShift<vf32> {
   vi32 index_;
 };
 
-template <>
-class LaneShift<vu16> {
- public:
-  explicit LaneShift(int shift) {
-#if defined(__AVX512F__)
-    for (int l = 0; l < kLanes; ++l) index_[l] = static_cast<int16_t>(shift + l);
-#else
-    for (int l = 0; l < kLanes; ++l) {  // byte shuffles: two bytes per lane, from a or b
-      const int lane = shift + l;
-      bytes_[2 * l] = static_cast<int8_t>(2 * (lane % kLanes));
-      bytes_[2 * l + 1] = static_cast<int8_t>(2 * (lane % kLanes) + 1);
-      from_b_[2 * l] = from_b_[2 * l + 1] = lane >= kLanes ? -1 : 0;
-    }
-#endif
-  }
-  vu16 operator()(vu16 a, vu16 b) const {
-#if defined(__AVX512F__)
-    return (vu16)_mm256_permutex2var_epi16((__m256i)a, (__m256i)index_, (__m256i)b);
-#else
-    const __m128i from_a = _mm_shuffle_epi8((__m128i)a, (__m128i)bytes_);
-    const __m128i from_b = _mm_shuffle_epi8((__m128i)b, (__m128i)bytes_);
-    return (vu16)_mm_blendv_epi8(from_a, from_b, (__m128i)from_b_);
-#endif
-  }
-
- private:
-#if defined(__AVX512F__)
-  typedef int16_t vi16 __attribute__((vector_size(kLanes * 2)));
-  vi16 index_;
-#else
-  typedef int8_t vi8 __attribute__((vector_size(kLanes * 2)));
-  vi8 bytes_, from_b_;
-#endif
-};
-
-// Writes a row of whole vectors, pushed in order, to an element-aligned `dst`
-// (MLX's buffers are only 8-byte aligned) with cache-bypassing stores: each aligned
-// store joins the end of one pushed vector with the start of the next, so a kernel
-// whose vectors are laid out from the row's start streams its output without a
-// staging copy (staging a row in cache and streaming it out measured 1.4-1.8x
-// slower). The partial lines at both ends take ordinary stores.
-template <class T, class V>
+// Writes a float32 row of whole vectors, pushed in order, to a 4-byte aligned
+// `dst` (MLX's buffers are only 8-byte aligned) with cache-bypassing stores: each
+// aligned store joins the end of one pushed vector with the start of the next, so
+// a kernel whose vectors are laid out from the row's start streams its output
+// without a staging copy (staging a row in cache and streaming it out measured
+// 1.4x slower for rope). The partial lines at both ends take ordinary stores.
 class AlignedRowStream {
  public:
-  // Requires dst to be aligned to sizeof(T) (see stream_row_supported).
-  explicit AlignedRowStream(T* dst)
-      : dst_(dst), lead_(elements_to_vector_alignment(dst, kLanes)), join_(lead_) {}
+  explicit AlignedRowStream(float* dst)
+      : dst_(dst), lead_(elements_to_vector_alignment(dst, kLanes)), join_(static_cast<int>(lead_)) {}
 
-  void push(V v) {
+  void push(vf32 v) {
     if (pushed_ == 0) {
       for (int64_t l = 0; l < lead_; ++l) dst_[l] = v[l];
     } else {
@@ -197,7 +155,7 @@ class AlignedRowStream {
   // Stores what the last push left: lanes [lead, kLanes) of the last vector.
   void finish() {
     if (pushed_ == 0) return;
-    T* p = dst_ + lead_ + (pushed_ - 1) * kLanes;
+    float* p = dst_ + lead_ + (pushed_ - 1) * kLanes;
     if (lead_ == 0) {
       stream_store(p, prev_);
       return;
@@ -206,19 +164,18 @@ class AlignedRowStream {
   }
 
  private:
-  T* dst_;
+  float* dst_;
   int64_t lead_;  // elements before dst's first vector boundary
-  LaneShift<V> join_;
-  V prev_{};
+  LaneShift join_;
+  vf32 prev_{};
   int64_t pushed_ = 0;
 };
 #endif
 
 // Whether AlignedRowStream can write to p.
-template <class T>
-inline bool stream_row_supported(const T* p) {
+inline bool stream_row_supported(const float* p) {
 #if defined(__AVX512F__) || defined(__AVX2__)
-  return reinterpret_cast<uintptr_t>(p) % sizeof(T) == 0;
+  return reinterpret_cast<uintptr_t>(p) % sizeof(float) == 0;
 #else
   (void)p;
   return false;
@@ -249,10 +206,6 @@ struct F32 {
   }
   static void store(float* p, vf32 v) { std::memcpy(p, &v, sizeof v); }
   static void store_nt(float* p, vf32 v) { stream_store(p, v); }
-  // The vector as stored (no conversion for float32) and a raw load of it.
-  using Packed = vf32;
-  static vf32 pack(vf32 v) { return v; }
-  static vf32 load_packed(const float* p) { return load(p); }
   static float to_f32(float v) { return v; }
   static float from_f32(float v) { return v; }
 };
@@ -265,12 +218,6 @@ struct HalfStores {
     std::memcpy(p, &h, sizeof h);
   }
   static void store_nt(uint16_t* p, vf32 v) { stream_store(p, Fmt::pack(v)); }
-  using Packed = vu16;
-  static vu16 load_packed(const uint16_t* p) {
-    vu16 h;
-    std::memcpy(&h, p, sizeof h);
-    return h;
-  }
 };
 
 struct BF16 : HalfStores<BF16> {
