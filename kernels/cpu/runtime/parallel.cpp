@@ -32,9 +32,19 @@ int default_threads() {
 thread_local bool t_inside_pool = false;
 
 // How long a thread polls for the next job (or for the others to finish) before it
-// sleeps: a graph of consecutive ops then pays no wake-up latency between them,
-// which on a virtual machine costs tens of microseconds per futex wake.
-constexpr auto kSpin = std::chrono::microseconds(200);
+// sleeps: MLX_GGML_EXT_SPIN_MS, default 50 ms (llama.cpp's threadpool polls for a
+// similar time by default, Intel's OpenMP for 200 ms). MLX runs most of its own CPU
+// ops on one thread, so between two of our kernels the pool often idles for
+// milliseconds; a worker that went to sleep then joins the next kernel late. On this
+// project's 2-CPU VM, after 20 ms of MLX's single-threaded work, a 200 us poll let
+// half the kernels run on the caller alone (rope 1.8x slower, the streaming copy
+// too); polling 30 ms made every round two-threaded. Polling yields the CPU every
+// 64 pauses, so runnable threads still get it.
+std::chrono::microseconds spin_time() {
+  int64_t ms = 50;
+  if (const char* env = std::getenv("MLX_GGML_EXT_SPIN_MS")) ms = std::max(0, std::atoi(env));
+  return std::chrono::microseconds(ms * 1000);
+}
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -44,10 +54,10 @@ inline void cpu_relax() {
 #endif
 }
 
-// Polls `ready` for up to kSpin; true if it became true.
+// Polls `ready` for up to `spin`; true if it became true.
 template <class Ready>
-bool spin_until(Ready ready) {
-  const auto deadline = std::chrono::steady_clock::now() + kSpin;
+bool spin_until(std::chrono::microseconds spin, Ready ready) {
+  const auto deadline = std::chrono::steady_clock::now() + spin;
   for (int i = 1;; ++i) {
     if (ready()) return true;
     cpu_relax();
@@ -67,7 +77,7 @@ bool spin_until(Ready ready) {
 // oversubscribing the cores.
 class ThreadPool {
  public:
-  explicit ThreadPool(int threads) : threads_(threads) {
+  explicit ThreadPool(int threads) : threads_(threads), spin_(spin_time()) {
     for (int i = 1; i < threads_; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
   }
 
@@ -106,7 +116,7 @@ class ThreadPool {
     t_inside_pool = true;
     run_part(0);
     t_inside_pool = false;
-    if (spin_until([this] { return pending_.load(std::memory_order_acquire) == 0; })) return;
+    if (spin_until(spin_, [this] { return pending_.load(std::memory_order_acquire) == 0; })) return;
     std::unique_lock<std::mutex> lock(mutex_);
     done_cv_.wait(lock, [this] { return pending_.load() == 0; });
   }
@@ -123,7 +133,7 @@ class ThreadPool {
     t_inside_pool = true;
     uint64_t seen = 0;
     for (;;) {
-      spin_until([&] { return generation_.load(std::memory_order_relaxed) != seen; });
+      spin_until(spin_, [&] { return generation_.load(std::memory_order_relaxed) != seen; });
       {
         // generation_ and the job's fields are read together under the lock
         std::unique_lock<std::mutex> lock(mutex_);
@@ -141,6 +151,7 @@ class ThreadPool {
   }
 
   const int threads_;
+  const std::chrono::microseconds spin_;
   std::vector<std::thread> workers_;
   std::mutex submit_mutex_;
   std::mutex mutex_;
