@@ -41,9 +41,9 @@ thread_local bool t_inside_pool = false;
 // too); polling 30 ms made every round two-threaded. Polling yields the CPU every
 // 64 pauses, so runnable threads still get it.
 std::chrono::microseconds spin_time() {
-  int64_t ms = 50;
-  if (const char* env = std::getenv("MLX_GGML_EXT_SPIN_MS")) ms = std::max(0, std::atoi(env));
-  return std::chrono::microseconds(ms * 1000);
+  double ms = 50;
+  if (const char* env = std::getenv("MLX_GGML_EXT_SPIN_MS")) ms = std::max(0.0, std::atof(env));
+  return std::chrono::microseconds(static_cast<int64_t>(ms * 1000));
 }
 
 inline void cpu_relax() {
