@@ -115,6 +115,19 @@ __device__ __forceinline__ T* dynamic_shared_memory() {
 
 __host__ __device__ inline bool aligned(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
+// Asks for the 128-byte lines of [p, p + bytes) in L1 (a hint; nothing in the host emulation).
+__device__ __forceinline__ void prefetch_l1(const void* p, int bytes) {
+#if !defined(GGML_EXT_CUDA_EMULATION)
+  const uintptr_t first = reinterpret_cast<uintptr_t>(p) & ~uintptr_t(127);
+  for (uintptr_t line = first; line < reinterpret_cast<uintptr_t>(p) + bytes; line += 128) {
+    asm volatile("prefetch.global.L1 [%0];" ::"l"(line));
+  }
+#else
+  (void)p;
+  (void)bytes;
+#endif
+}
+
 inline unsigned ceil_div(int64_t a, int64_t b) { return static_cast<unsigned>((a + b - 1) / b); }
 
 // Calls body with kType bound to the compile-time value of `type`.
