@@ -1,0 +1,294 @@
+// Kernel times of the quantized-matmul plans without MLX: a standalone program linked with kernels/cuda/*.cu,
+// for trying kernel variants on the GPU machine in seconds (no MLX wheel, no extension build there).
+//
+//   nvcc -O3 -std=c++20 --expt-relaxed-constexpr -lineinfo -arch=sm_90 -I. bench/cuda_kernel_driver.cu \
+//        kernels/cuda/quantized_matmul.cu kernels/cuda/matmul_decode.cu kernels/cuda/matmul_tiles.cu -o driver
+//   ./driver [filter]      # JSON lines; filter: a substring of the case names
+//   ./driver --check       # each quantized type's plan against float64 math on the dequantized weight (NMSE)
+//
+// Each case cycles through enough copies of the weight (>= 256 MB together) that every product reads its weight
+// from DRAM, not from the 50 MB L2, as a model's layers would. Times are CUDA-event times of 200 products in a
+// row divided by 200 ("step1_us": the dot kernel alone on x quantized once; "plan_us": every step of the plan,
+// as the op runs). The rooflines are measured in the same run on the same bytes: "copy": cudaMemcpyAsync of the
+// weight bytes (read + write), "read": a kernel that only streams them (16-byte loads, one sum per block).
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "kernels/common/ggml_blocks.h"
+#include "kernels/cuda/kernels.h"
+
+using namespace ggml_ext::cuda;
+
+#define CHECK(call)                                                                                   \
+  do {                                                                                                \
+    cudaError_t e_ = (call);                                                                          \
+    if (e_ != cudaSuccess) {                                                                          \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_));      \
+      std::exit(1);                                                                                   \
+    }                                                                                                 \
+  } while (0)
+
+namespace {
+
+// Bytes from a hash of their index: the content does not change the integer kernels' time; fp16 scales get
+// small finite values so the float work is the usual one.
+__global__ void fill_kernel(uint8_t* p, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    p[i] = static_cast<uint8_t>(h & 0x3F);  // below 0x40: as an fp16's high byte, a small finite value
+  }
+}
+
+__global__ void fill_half_kernel(__half* p, size_t n) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x)
+    p[i] = __float2half(static_cast<float>(static_cast<int>(i * 7919 % 2001) - 1000) / 1000.0f);
+}
+
+// The read roofline: every 16-byte word read once (four loads in flight per thread), one word per block stored.
+__global__ void read_kernel(const uint4* p, size_t words, unsigned* out) {
+  const size_t stride = size_t{gridDim.x} * blockDim.x;
+  size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x;
+  unsigned acc = 0;
+  for (; i + 3 * stride < words; i += 4 * stride) {
+    uint4 v[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) v[j] = __ldg(p + i + j * stride);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) acc ^= v[j].x ^ v[j].y ^ v[j].z ^ v[j].w;
+  }
+  for (; i < words; i += stride) {
+    const uint4 v = __ldg(p + i);
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x12345678u) out[blockIdx.x] = acc;  // practically never: keeps the loads
+}
+
+struct Timer {
+  cudaEvent_t start, stop;
+  Timer() {
+    CHECK(cudaEventCreate(&start));
+    CHECK(cudaEventCreate(&stop));
+  }
+  template <typename F>
+  float us(int iters, F&& body) {
+    for (int i = 0; i < 10; ++i) body(i);  // warm-up
+    CHECK(cudaEventRecord(start));
+    for (int i = 0; i < iters; ++i) body(i);
+    CHECK(cudaEventRecord(stop));
+    CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    CHECK(cudaEventElapsedTime(&ms, start, stop));
+    return ms * 1000.0f / static_cast<float>(iters);
+  }
+};
+
+void launch(const KernelLaunch& l, QuantizedMatmulArgs& a) {
+  void* params[] = {&a};
+  CHECK(cudaLaunchKernel(l.kernel, l.grid, l.block, params, l.shared_bytes, 0));
+}
+
+struct TypeInfo {
+  const char* name;
+  int id, qk, bytes;
+};
+const TypeInfo kTypes[] = {
+#define GGML_EXT_TYPE_INFO(NAME, name, id, qk, bytes) {#NAME, id, qk, bytes},
+    GGML_EXT_FOR_EACH_QUANT_TYPE(GGML_EXT_TYPE_INFO)
+#undef GGML_EXT_TYPE_INFO
+};
+
+}  // namespace
+
+// The plan's result for m rows of x against float64 math on the weight dequantized with ggml_blocks.h's
+// reference decoders, as NMSE (the GPU suite's bound for this x: 5e-4).
+double check_case(const TypeInfo& t, int64_t n, int64_t k, int m) {
+  const int64_t row_bytes = k / t.qk * t.bytes;
+  std::vector<uint8_t> w(n * row_bytes);
+  uint32_t h = 12345u + static_cast<uint32_t>(t.id);
+  for (auto& b : w) {
+    h = h * 1664525u + 1013904223u;
+    b = static_cast<uint8_t>((h >> 24) & 0x3F);  // fp16 fields stay finite (see fill_kernel)
+  }
+  std::vector<__half> x(m * k);
+  std::vector<double> xd(m * k);
+  for (int64_t i = 0; i < m * k; ++i) {
+    h = h * 1664525u + 1013904223u;
+    x[i] = __float2half(static_cast<float>(static_cast<int>(h >> 20) - 2048) / 1024.0f);
+    xd[i] = __half2float(x[i]);
+  }
+  std::vector<double> ref(m * n, 0.0);
+  std::vector<float> row(k);
+  for (int64_t r = 0; r < n; ++r) {
+    const uint8_t* blocks = w.data() + r * row_bytes;
+    for (int64_t c = 0; c < k / 16; ++c) {
+      const uint8_t* block = blocks + (c * 16 / t.qk) * t.bytes;
+      const int chunk = static_cast<int>(c % (t.qk / 16));
+      float* out = row.data() + c * 16;
+      switch (t.id) {
+#define GGML_EXT_CHECK_DEQUANT(NAME, name, id, qk, bytes) \
+  case id: ggml_ext_dequant16_##name(reinterpret_cast<const block_##name*>(block), chunk, out); break;
+        GGML_EXT_FOR_EACH_QUANT_TYPE(GGML_EXT_CHECK_DEQUANT)
+#undef GGML_EXT_CHECK_DEQUANT
+      }
+    }
+    for (int i = 0; i < m; ++i) {
+      double acc = 0.0;
+      for (int64_t j = 0; j < k; ++j) acc += xd[i * k + j] * row[j];
+      ref[i * n + r] = acc;
+    }
+  }
+  uint8_t* dw;
+  __half* dx;
+  float* dy;
+  CHECK(cudaMalloc(&dw, w.size()));
+  CHECK(cudaMalloc(&dx, x.size() * sizeof(__half)));
+  CHECK(cudaMalloc(&dy, m * n * sizeof(float)));
+  CHECK(cudaMemcpy(dw, w.data(), w.size(), cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(dx, x.data(), x.size() * sizeof(__half), cudaMemcpyHostToDevice));
+  QuantizedMatmulArgs a{};
+  a.x = dx;
+  a.w = dw;
+  a.y = dy;
+  a.m = m;
+  a.n = n;
+  a.k = k;
+  a.row_bytes = row_bytes;
+  a.batches = a.b2 = a.a2 = a.ratio2 = a.ratio3 = 1;
+  a.out_f32 = true;
+  const QuantizedMatmulPlan plan = quantized_matmul_plan(a, t.id, FloatType::f16, false);
+  void* ws = nullptr;
+  if (plan.workspace_bytes) CHECK(cudaMalloc(&ws, plan.workspace_bytes));
+  a.workspace = ws;
+  for (const auto& step : plan.steps)
+    if (step.kernel) launch(step, a);
+  CHECK(cudaDeviceSynchronize());
+  std::vector<float> y(m * n);
+  CHECK(cudaMemcpy(y.data(), dy, y.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  double num = 0.0, den = 0.0;
+  for (int64_t i = 0; i < m * n; ++i) {
+    num += (y[i] - ref[i]) * (y[i] - ref[i]);
+    den += ref[i] * ref[i];
+  }
+  CHECK(cudaFree(dw));
+  CHECK(cudaFree(dx));
+  CHECK(cudaFree(dy));
+  if (ws) CHECK(cudaFree(ws));
+  return den > 0 ? num / den : num;
+}
+
+int check_all() {
+  int failures = 0;
+  const int64_t shapes[][2] = {{8200, 512}, {1000, 768}};  // above and below kFewRows, partial 16-row tiles
+  for (const auto& t : kTypes)
+    for (const auto& shape : shapes)
+      for (int m : {1, 2, 5, 6, 7, 8}) {
+        const double e = check_case(t, shape[0], shape[1], m);
+        const bool ok = e <= 5e-4;  // NaN fails too
+        failures += !ok;
+        std::printf("{\"check\": \"%s %lldx%lld m=%d\", \"nmse\": %.3e, \"ok\": %s}\n", t.name,
+                    static_cast<long long>(shape[0]), static_cast<long long>(shape[1]), m, e, ok ? "true" : "false");
+      }
+  std::printf("{\"check_failures\": %d}\n", failures);
+  return failures == 0 ? 0 : 1;
+}
+
+int main(int argc, char** argv) {
+  if (argc > 1 && std::strcmp(argv[1], "--check") == 0) return check_all();
+  const std::string filter = argc > 1 ? argv[1] : "";
+  const int iters = 200;
+  const char* bench_types[] = {"Q4_0", "Q4_K", "Q6_K", "Q8_0", "Q4_1", "Q5_K", "IQ4_XS"};
+  const int ms[] = {1, 2, 4, 5, 6, 8};
+  const int64_t shapes[][2] = {{14336, 4096}, {4096, 14336}};
+  Timer timer;
+  unsigned* sink;
+  CHECK(cudaMalloc(&sink, 1 << 20));
+  cudaDeviceProp prop;
+  CHECK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("{\"device\": \"%s\", \"sms\": %d, \"l2_mb\": %.0f}\n", prop.name, prop.multiProcessorCount,
+              prop.l2CacheSize / 1048576.0);
+  for (const auto& shape : shapes) {
+    const int64_t n = shape[0], k = shape[1];
+    for (const char* tname : bench_types) {
+      const TypeInfo* t = nullptr;
+      for (const auto& info : kTypes)
+        if (std::strcmp(info.name, tname) == 0) t = &info;
+      const int64_t row_bytes = k / t->qk * t->bytes, bytes = n * row_bytes;
+      const int copies = static_cast<int>((size_t{256} << 20) / bytes + 1);
+      std::vector<uint8_t*> w(copies);
+      for (int c = 0; c < copies; ++c) {
+        CHECK(cudaMalloc(&w[c], bytes));
+        fill_kernel<<<1024, 256>>>(w[c], bytes, 17u * c + 1);
+      }
+      uint8_t* dst;
+      CHECK(cudaMalloc(&dst, bytes));
+      const std::string shape_name = std::to_string(n) + "x" + std::to_string(k);
+      bool roofline_done = false;
+      for (int m : ms) {
+        const std::string name = std::string(tname) + " " + shape_name + " m=" + std::to_string(m);
+        if (name.find(filter) == std::string::npos) continue;
+        if (!roofline_done) {
+          const float copy_us = timer.us(iters, [&](int i) {
+            CHECK(cudaMemcpyAsync(dst, w[i % copies], bytes, cudaMemcpyDeviceToDevice));
+          });
+          const float read_us = timer.us(iters, [&](int i) {
+            read_kernel<<<prop.multiProcessorCount * 8, 512>>>(reinterpret_cast<const uint4*>(w[i % copies]),
+                                                               bytes / 16, sink);
+          });
+          std::printf("{\"case\": \"roofline %s %s\", \"bytes\": %lld, \"copy_us\": %.2f, \"copy_tbps\": %.3f, "
+                      "\"read_us\": %.2f, \"read_tbps\": %.3f}\n",
+                      tname, shape_name.c_str(), static_cast<long long>(bytes), copy_us, 2e-6 * bytes / copy_us,
+                      read_us, 1e-6 * bytes / read_us);
+          roofline_done = true;
+        }
+        __half* x;
+        void* y;
+        CHECK(cudaMalloc(&x, m * k * sizeof(__half)));
+        CHECK(cudaMalloc(&y, m * n * sizeof(float)));
+        fill_half_kernel<<<256, 256>>>(x, m * k);
+        QuantizedMatmulArgs a{};
+        a.x = x;
+        a.w = w[0];
+        a.y = y;
+        a.m = m;
+        a.n = n;
+        a.k = k;
+        a.row_bytes = row_bytes;
+        a.batches = a.b2 = a.a2 = a.ratio2 = a.ratio3 = 1;
+        const QuantizedMatmulPlan plan = quantized_matmul_plan(a, t->id, FloatType::f16, false);
+        void* ws = nullptr;
+        if (plan.workspace_bytes) CHECK(cudaMalloc(&ws, plan.workspace_bytes));
+        a.workspace = ws;
+        const int steps = plan.steps[1].kernel ? 2 : 1;
+        const float plan_us = timer.us(iters, [&](int i) {
+          a.w = w[i % copies];
+          for (int s = 0; s < steps; ++s) launch(plan.steps[s], a);
+        });
+        const float step1_us = timer.us(iters, [&](int i) {
+          a.w = w[i % copies];
+          launch(plan.steps[steps - 1], a);
+        });
+        CHECK(cudaDeviceSynchronize());
+        std::printf("{\"case\": \"%s\", \"weight_bytes\": %lld, \"plan_us\": %.2f, \"step1_us\": %.2f, "
+                    "\"step1_tbps\": %.3f, \"grid\": [%u, %u], \"block\": %u}\n",
+                    name.c_str(), static_cast<long long>(bytes), plan_us, step1_us, 1e-6 * bytes / step1_us,
+                    plan.steps[steps - 1].grid.x, plan.steps[steps - 1].grid.y, plan.steps[steps - 1].block.x);
+        std::fflush(stdout);
+        CHECK(cudaFree(x));
+        CHECK(cudaFree(y));
+        if (ws) CHECK(cudaFree(ws));
+      }
+      for (auto p : w) CHECK(cudaFree(p));
+      CHECK(cudaFree(dst));
+    }
+  }
+  return 0;
+}
