@@ -373,7 +373,7 @@ def test_decode_no_less_accurate_than_ggml(kernels, t, x_type, m):
 @pytest.mark.parametrize("m", [2, 5])
 def test_decode_broadcasting(kernels, t, m):
     """ggml's broadcasting: x batches (2, 4) over weight batches (1, 2); float32 output of float16 x (Q4_K at m=5:
-    the tensor-core kernel)."""
+    the tensor-core kernel, decode_fragment_kernel)."""
     got, exact, theirs = decode_case(kernels, t, F16, m, 512, n=20, batch=(2, 4), w_batch=(1, 2), out_f32=True)
     assert_no_less_accurate_than_ggml(got, exact, theirs, "broadcast")
 
@@ -400,10 +400,12 @@ def test_decode_unaligned_rows(kernels, t, offset):
     assert_no_less_accurate_than_ggml(y, exact, ggml_scheme(x.astype(np.float64), t) @ dense.T, "unaligned")
 
 
-@pytest.mark.parametrize("t", [GGMLType.Q4_0, GGMLType.Q4_K], ids=lambda t: t.name)
-def test_decode_many_rows(kernels, t):
-    """One row of x on a weight of more rows than kFewRows (8192): a warp per row instead of 2 warps sharing 2."""
-    got, exact, theirs = decode_case(kernels, t, F16, 1, 256, n=8195, out_f32=True)
+@pytest.mark.parametrize("t, m", [(GGMLType.Q4_0, 1), (GGMLType.Q4_K, 1), (GGMLType.Q4_0, 8), (GGMLType.Q5_K, 8),
+                                  (GGMLType.Q8_0, 8)], ids=str)
+def test_decode_many_rows(kernels, t, m):
+    """A weight of more rows than kFewRows (8192): at m=1 a warp per row instead of 2 warps sharing 2; at m=8 the
+    tensor-core kernel with 4 warps per 16 rows instead of 16 (Q5_K takes it only there)."""
+    got, exact, theirs = decode_case(kernels, t, F16, m, 256, n=8195, out_f32=True)
     assert_no_less_accurate_than_ggml(got, exact, theirs, "many rows", 256)
 
 

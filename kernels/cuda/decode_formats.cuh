@@ -137,11 +137,38 @@ __device__ __forceinline__ void load_nibbles(const uint8_t* seg, int offset, con
   }
 }
 
+// What one lane holds for the tensor-core decode (decode_fragment_kernel): of one x-block of one weight row,
+// the codes of elements 4t..4t+3 (lo) and 16+4t..16+4t+3 (hi), lane t's A-fragment words of an m16n8k32
+// product, with the x-block's a and b as in Sub. In every format with one scale per 32 elements those 8 codes
+// lie in one word of each field (a nibble field's byte j holds elements j and 16 + j; a byte field's words t and
+// 4 + t), so each of a row's four lanes reads only its quarter of the x-block.
+struct Frag {
+  uint32_t lo, hi;
+  float a = 0.0f, b = 0.0f;
+};
+
+__device__ __forceinline__ uint32_t sh_word(const uint8_t* base, int offset) {
+  uint32_t w[1];
+  sh_words(base, offset, w);
+  return w[0];
+}
+
+// Lane t's codes of 16 nibble bytes at `offset` (see load_nibbles): bytes 4t..4t+3, low nibbles then high,
+// through `map`.
+template <class Map>
+__device__ __forceinline__ void nibble_frag(const uint8_t* row, int offset, int t, const Map& map, Frag& f) {
+  const uint32_t q = sh_word(row, offset + 4 * t);
+  f.lo = map.lookup(q & 0x0F0F0F0Fu);
+  f.hi = map.lookup((q >> 4) & 0x0F0F0F0Fu);
+}
+
 // Each format: Block, kQK, kBytes, kPerHalf, kZero, kOffset, Context, and
 //   load(ctx, seg, g, sub): x-block g of a staged segment that starts at a block boundary.
 // 32-element blocks: x-block g is block g. 256-element blocks: block g / 8, sub-block g % 8.
 // Formats whose consecutive x-blocks share bytes also have kGroup and
 //   load_group(ctx, seg, p, subs): x-blocks kGroup * p .. kGroup * p + kGroup - 1, each shared byte read once.
+// Formats with one scale per 32 elements also have
+//   fragment(ctx, row, g, t, frag): lane t's quarter of x-block g of a 4-byte aligned row (Frag).
 
 struct FmtQ4_0 {
   using Block = block_q4_0;
@@ -152,6 +179,11 @@ struct FmtQ4_0 {
     const int o = g * static_cast<int>(sizeof(Block));
     load_nibbles(seg, o + offsetof(Block, qs), Identity{}, s);
     s.a = half_bits(sh_u16(seg, o + offsetof(Block, d)));
+  }
+  __device__ static void fragment(const Context&, const uint8_t* row, int g, int t, Frag& f) {
+    const int o = g * static_cast<int>(sizeof(Block));
+    nibble_frag(row, o + offsetof(Block, qs), t, Identity{}, f);
+    f.a = half_bits(sh_u16(row, o + offsetof(Block, d)));
   }
 };
 
@@ -165,6 +197,12 @@ struct FmtQ4_1 {
     load_nibbles(seg, o + offsetof(Block, qs), Identity{}, s);
     s.a = half_bits(sh_u16(seg, o + offsetof(Block, d)));
     s.b = half_bits(sh_u16(seg, o + offsetof(Block, m)));  // + m per element
+  }
+  __device__ static void fragment(const Context&, const uint8_t* row, int g, int t, Frag& f) {
+    const int o = g * static_cast<int>(sizeof(Block));
+    nibble_frag(row, o + offsetof(Block, qs), t, Identity{}, f);
+    f.a = half_bits(sh_u16(row, o + offsetof(Block, d)));
+    f.b = half_bits(sh_u16(row, o + offsetof(Block, m)));
   }
 };
 
@@ -181,6 +219,13 @@ __device__ __forceinline__ void load_q5_codes(const uint8_t* seg, int o, Sub& s)
   }
 }
 
+template <typename Block>
+__device__ __forceinline__ void q5_frag(const uint8_t* row, int o, int t, Frag& f) {
+  const uint32_t q = sh_word(row, o + offsetof(Block, qs) + 4 * t), h = sh_word(row, o + offsetof(Block, qh));
+  f.lo = (q & 0x0F0F0F0Fu) | (spread4(h >> (4 * t)) << 4);
+  f.hi = ((q >> 4) & 0x0F0F0F0Fu) | (spread4(h >> (16 + 4 * t)) << 4);
+}
+
 struct FmtQ5_0 {
   using Block = block_q5_0;
   using Context = NoContext;
@@ -190,6 +235,11 @@ struct FmtQ5_0 {
     const int o = g * static_cast<int>(sizeof(Block));
     load_q5_codes<Block>(seg, o, s);
     s.a = half_bits(sh_u16(seg, o + offsetof(Block, d)));
+  }
+  __device__ static void fragment(const Context&, const uint8_t* row, int g, int t, Frag& f) {
+    const int o = g * static_cast<int>(sizeof(Block));
+    q5_frag<Block>(row, o, t, f);
+    f.a = half_bits(sh_u16(row, o + offsetof(Block, d)));
   }
 };
 
@@ -204,6 +254,12 @@ struct FmtQ5_1 {
     s.a = half_bits(sh_u16(seg, o + offsetof(Block, d)));
     s.b = half_bits(sh_u16(seg, o + offsetof(Block, m)));
   }
+  __device__ static void fragment(const Context&, const uint8_t* row, int g, int t, Frag& f) {
+    const int o = g * static_cast<int>(sizeof(Block));
+    q5_frag<Block>(row, o, t, f);
+    f.a = half_bits(sh_u16(row, o + offsetof(Block, d)));
+    f.b = half_bits(sh_u16(row, o + offsetof(Block, m)));
+  }
 };
 
 struct FmtQ8_0 {
@@ -215,6 +271,12 @@ struct FmtQ8_0 {
     const int o = g * static_cast<int>(sizeof(Block));
     sh_words(seg, o + offsetof(Block, qs), s.q);
     s.a = half_bits(sh_u16(seg, o + offsetof(Block, d)));
+  }
+  __device__ static void fragment(const Context&, const uint8_t* row, int g, int t, Frag& f) {
+    const int o = g * static_cast<int>(sizeof(Block));
+    f.lo = sh_word(row, o + offsetof(Block, qs) + 4 * t);
+    f.hi = sh_word(row, o + offsetof(Block, qs) + 16 + 4 * t);
+    f.a = half_bits(sh_u16(row, o + offsetof(Block, d)));
   }
 };
 
@@ -229,6 +291,11 @@ struct FmtIQ4_NL {
     const int o = g * static_cast<int>(sizeof(Block));
     load_nibbles(seg, o + offsetof(Block, qs), c, s);
     s.a = half_bits(sh_u16(seg, o + offsetof(Block, d)));
+  }
+  __device__ static void fragment(const Context& c, const uint8_t* row, int g, int t, Frag& f) {
+    const int o = g * static_cast<int>(sizeof(Block));
+    nibble_frag(row, o + offsetof(Block, qs), t, c, f);
+    f.a = half_bits(sh_u16(row, o + offsetof(Block, d)));
   }
 };
 
@@ -245,6 +312,11 @@ struct FmtMXFP4 {
     load_nibbles(seg, o + offsetof(Block, qs), c, s);
     s.a = ggml_ext_e8m0_half_to_float(seg[o + offsetof(Block, e)]);
   }
+  __device__ static void fragment(const Context& c, const uint8_t* row, int g, int t, Frag& f) {
+    const int o = g * static_cast<int>(sizeof(Block));
+    nibble_frag(row, o + offsetof(Block, qs), t, c, f);
+    f.a = ggml_ext_e8m0_half_to_float(row[o + offsetof(Block, e)]);
+  }
 };
 
 // Q4_K/Q5_K: sub-block sb (32 elements) is nibble sb & 1 of the 32 bytes qs[32 * (sb / 2) ...]; scale d * sc,
@@ -257,7 +329,8 @@ __device__ __forceinline__ void load_k4_head(const uint8_t* seg, int o, uint32_t
   words(seg, o, head);
 }
 
-__device__ __forceinline__ void k4_scales(const uint32_t (&head)[4], int sb, Sub& s) {
+template <class S>  // Sub or Frag
+__device__ __forceinline__ void k4_scales(const uint32_t (&head)[4], int sb, S& s) {
   const unsigned shift = 8u * static_cast<unsigned>(sb & 3);
   const uint32_t sc = (ggml_ext_k4_scales4(head[1], head[3], sb >> 2) >> shift) & 0xFFu;
   const uint32_t mn = (ggml_ext_k4_mins4(head[2], head[3], sb >> 2) >> shift) & 0xFFu;
@@ -302,6 +375,17 @@ struct FmtQ4_K {
       k4_scales(head, 2 * j + t, s[t]);
     }
   }
+  // Sub-block sb's 32 qs bytes at 32 * (sb / 2): words t and 4 + t, nibble sb & 1.
+  __device__ static void fragment(const Context&, const uint8_t* row, int g, int t, Frag& f) {
+    const int sb = g & 7, o = (g >> 3) * static_cast<int>(sizeof(Block));
+    const int q = o + offsetof(Block, qs) + 32 * (sb >> 1) + 4 * t;
+    const unsigned shift = 4u * static_cast<unsigned>(sb & 1);
+    uint32_t head[4];
+    load_k4_head<Block>(row, o, head);
+    f.lo = (sh_word(row, q) >> shift) & 0x0F0F0F0Fu;
+    f.hi = (sh_word(row, q + 16) >> shift) & 0x0F0F0F0Fu;
+    k4_scales(head, sb, f);
+  }
 };
 
 struct FmtQ5_K {
@@ -329,6 +413,16 @@ struct FmtQ5_K {
       k5_codes(q, h, 2 * j + t, s[t]);
       k4_scales(head, 2 * j + t, s[t]);
     }
+  }
+  __device__ static void fragment(const Context&, const uint8_t* row, int g, int t, Frag& f) {
+    const int sb = g & 7, o = (g >> 3) * static_cast<int>(sizeof(Block));
+    const int q = o + offsetof(Block, qs) + 32 * (sb >> 1) + 4 * t, h = o + offsetof(Block, qh) + 4 * t;
+    const unsigned shift = 4u * static_cast<unsigned>(sb & 1);
+    uint32_t head[4];
+    load_k4_head<Block>(row, o, head);
+    f.lo = ((sh_word(row, q) >> shift) & 0x0F0F0F0Fu) | (((sh_word(row, h) >> sb) & 0x01010101u) << 4);
+    f.hi = ((sh_word(row, q + 16) >> shift) & 0x0F0F0F0Fu) | (((sh_word(row, h + 16) >> sb) & 0x01010101u) << 4);
+    k4_scales(head, sb, f);
   }
 };
 
@@ -420,6 +514,14 @@ struct FmtIQ4_XS {
     sc.scales_h = sh_u16(seg, o + offsetof(Block, scales_h));
     s.a = half_bits(sh_u16(seg, o + offsetof(Block, d))) * static_cast<float>(ggml_ext_iq4xs_scale(&sc, sb));
   }
+  __device__ static void fragment(const Context& c, const uint8_t* row, int g, int t, Frag& f) {
+    const int sb = g & 7, o = (g >> 3) * static_cast<int>(sizeof(Block));
+    Scales sc;
+    nibble_frag(row, o + offsetof(Block, qs) + 16 * sb, t, c, f);
+    sh_words(row, o + offsetof(Block, scales_l), sc.scales_l.w);
+    sc.scales_h = sh_u16(row, o + offsetof(Block, scales_h));
+    f.a = half_bits(sh_u16(row, o + offsetof(Block, d))) * static_cast<float>(ggml_ext_iq4xs_scale(&sc, sb));
+  }
 };
 
 // kGroup of a format, 1 where it has none.
@@ -430,6 +532,12 @@ constexpr int group_of() {
   } else {
     return 1;
   }
+}
+
+// Whether a format has fragment (the tensor-core decode's reader).
+template <class F>
+constexpr bool has_fragment() {
+  return requires(const typename F::Context& c, const uint8_t* row, Frag& f) { F::fragment(c, row, 0, 0, f); };
 }
 
 // x-blocks kG * p .. kG * p + kG - 1 (kG: 1 or the format's kGroup).
@@ -453,7 +561,7 @@ struct XBlock {
 };
 
 // What the integer dot `dot` of a one-scale sub-block's codes with x's codes (summing to `sums`) contributes,
-// with the sub-block's a and b and x's scale dx (sub_dot; decode_mma_kernel on its tensor-core dots).
+// with the sub-block's a and b and x's scale dx (sub_dot; decode_fragment_kernel on its tensor-core dots).
 template <class F>
 __device__ __forceinline__ float scaled_dot(int dot, float a, float b, float dx, int sums) {
   static_assert(!F::kPerHalf, "one integer scale per sub-block");

@@ -20,8 +20,9 @@
 // and the offset terms use d * sum(codes) as ggml's Q8_1 does, so the result is never less accurate than
 // ggml's own scheme.
 //
-// Q4_K from 5 rows of x on: the weight decoded into shared memory and multiplied on tensor cores
-// (decode_mma_kernel), x's codes as the 8 columns of an int8 m16n8k32 product.
+// From 5..7 rows of x on (fragment_min_m, by format), formats with one scale per 32 elements take the tensor
+// cores instead (decode_fragment_kernel): each lane reads its A-fragment words of the weight straight from global
+// memory, x's codes (stored by x-block) are the 8 columns of an int8 m16n8k32 product.
 //
 // Float weights (F32/F16/BF16) keep the float kernel (decode_float_kernel): a warp per row, 16-element chunks.
 #include <type_traits>
@@ -48,7 +49,10 @@ __host__ __device__ inline int64_t records_offset(const QuantizedMatmulArgs& a) 
 
 __device__ __forceinline__ float nan_max(float a, float b) { return (b > a || b != b) ? b : a; }  // NaN wins
 
-template <typename T>
+// kByBlock: the codes and records of batch z ordered by x-block, then row of x (for decode_fragment_kernel, whose
+// lanes read one x-block of every row of x at once); else by row of x, then x-block (the dp4a kernels, whose
+// lanes read consecutive x-blocks of one row).
+template <typename T, bool kByBlock>
 __global__ void __launch_bounds__(kQuantizeThreads) quantize_x_kernel(QuantizedMatmulArgs a) {
   const int64_t t = static_cast<int64_t>(blockIdx.x) * kQuantizeThreads + threadIdx.x;
   const int64_t xb = t / 8, blocks = a.batches * a.m * (a.k / 32);
@@ -86,11 +90,17 @@ __global__ void __launch_bounds__(kQuantizeThreads) quantize_x_kernel(QuantizedM
   half += __shfl_xor_sync(0xffffffffu, half, 2);
   const float other = __shfl_xor_sync(0xffffffffu, half, 4);
   if (!valid) return;
+  int64_t slot = xb;  // where x-block xb (row-major over batches, rows, x-blocks) is stored
+  if constexpr (kByBlock) {
+    const int64_t per_row = a.k / 32, per_batch = a.m * per_row;
+    const int64_t z = xb / per_batch, i = xb % per_batch / per_row, j = xb % per_row;
+    slot = z * per_batch + j * a.m + i;
+  }
   uint8_t* ws = static_cast<uint8_t*>(a.workspace);
-  reinterpret_cast<uint32_t*>(ws + xb * 32)[part] = packed;
+  reinterpret_cast<uint32_t*>(ws + slot * 32)[part] = packed;
   if (part == 0) {
     const int s0 = static_cast<int>(half), s1 = static_cast<int>(other);
-    reinterpret_cast<XRecord*>(ws + records_offset(a))[xb] = XRecord{d, (s0 & 0xFFFF) | (s1 << 16)};
+    reinterpret_cast<XRecord*>(ws + records_offset(a))[slot] = XRecord{d, (s0 & 0xFFFF) | (s1 << 16)};
   }
 }
 
@@ -384,97 +394,76 @@ __device__ __forceinline__ void mma_s8_16x8x32(int (&d)[4], const uint32_t (&a)[
 #endif
 }
 
-// Decode for up to 8 rows of x on tensor cores (formats with one scale per 32 elements): a warp takes 16 weight
-// rows and kMmaXBlocks x-blocks at a time, each lane decoding 2 x-blocks of one row (decode_formats.cuh) into
-// shared memory, then one m16n8k32 product per x-block with x's codes as the 8 columns (rows of x past m are
-// zero), scaled in float32 per (row, x-block, row of x) as sub_dot does; kMmaSplit warps share the 16 rows and
-// split the x-blocks. Its time hardly depends on m, but its weight reads (16 rows per warp, a lane per row) are
-// slower than the dp4a kernels': H100 14336x4096 / 4096x14336 at m=2 / 4 / 8, Q4_0 50.9 / 55.0 / 63.6 and
-// 44.8 / 48.9 / 55.7 us (dp4a 25.4 / 30.1 / 45.2 and 25.1 / 29.6 / 48.3), Q8_0 up to 1.7x slower; 8 x-blocks
-// per step or 6 warps no better. Kept for Q4_K at m=5..8 only, where the dp4a kernel holds 4 rows in 244
-// registers: 50.3 / 50.2 us against 64.4 / 49.8. Next: stage each warp's 16 rows through shared memory with
-// coalesced loads (as decode_dot_kernel does) before the lanes decode them.
-constexpr int kMmaXBlocks = 4, kMmaSplit = 8;
-constexpr int kMmaWords = 12;  // words per (row, x-block) in shared memory: 8 codes, padded so that the lanes'
-                               // fragment reads (rows g, columns t) fall in 32 distinct banks
-template <class F, typename T>
-__global__ void __launch_bounds__(kMmaSplit * 32) decode_mma_kernel(QuantizedMatmulArgs a) {
-  constexpr int kXB = kMmaXBlocks, kSplit = kMmaSplit;  // short names for the indexing below
-  static_assert(!F::kPerHalf, "one integer scale per x-block");
-  constexpr int kLaneXB = kXB / 2;
-  struct Stage {
-    uint32_t codes[kXB][16][kMmaWords];
-    float scale[kXB][16], offset[kXB][16];
-  };
-  __shared__ __align__(16) Stage stages[kSplit];
+// Decode on tensor cores for 5..8 rows of x (formats with fragments, rows on 4-byte boundaries): a block of
+// kSplit warps takes 16 weight rows, each warp every kSplit-th x-block. For an x-block, lane (g, t) reads only
+// its A-fragment words of rows g and g + 8 straight from global memory (decode_formats.cuh: Frag: four lanes per
+// row, each a quarter of the x-block's bytes); x, quantized by x-block (quantize_x_kernel<T, true>), gives the B
+// fragment (the rows of x as the 8 columns, clamped to the last row past m: those columns are never stored), and
+// one m16n8k32 product replaces the dp4a chains of every row of x, scaled in float32 per (row, x-block, row of x)
+// as sub_dot does. Its time does not grow with m (H100, bench/cuda_kernel_driver.cu, weight from DRAM, dot step
+// alone, 14336x4096 / 4096x14336, m=1..8 within 2%): Q4_0 30.2-30.8 / 28.9-29.8 us, Q4_K 36.0-36.7 / 37.3-37.7,
+// Q8_0 41.7-42.7 / 41.7-42.5, where the dp4a kernels take Q4_0 16.7 / 16.2 at m=1 and 36.0 / 28.8 at m=5,
+// 41.0 / 36.4 at m=8. What limits it is the L1: its weight loads touch 8 rows per instruction (L1 throughput 91%,
+// DRAM 28% at Q4_0 m=8). Tried and not kept: x in the row-major order of the dp4a kernels (flat in m only up to
+// m=4, 42 us at m=8: the B and record loads then span 8 rows of x); pairs of 18- and 34-byte blocks read as
+// aligned words with the scales shuffled between lanes (L1 65%, but 72-101 registers: no faster, 4096x14336
+// Q4_0 38.9 us); 2 or 8 warps per 16 rows of a weight of many rows (up to 1.2x slower than 4).
+constexpr int kFragmentSplitMany = 4, kFragmentSplitFew = 16;  // warps per 16 rows, above / up to kFewRows rows
+// The rows of x from which the fragment kernel replaces the dp4a kernels, by format and weight height (the
+// crossings measured as above; formats not measured there from 7, where the dp4a kernels' time has grown most).
+template <class F>
+constexpr int fragment_min_m(bool few_rows) {
+  using namespace decode;
+  if constexpr (std::is_same_v<F, FmtQ4_K>) return 5;
+  if constexpr (std::is_same_v<F, FmtQ4_0>) return few_rows ? 6 : 5;
+  if constexpr (std::is_same_v<F, FmtQ4_1>) return few_rows ? 7 : 5;
+  if constexpr (std::is_same_v<F, FmtQ5_K>) return few_rows ? kDecodeMaxM + 1 : 5;  // few rows: 52.5 us vs 46.3
+  if constexpr (std::is_same_v<F, FmtIQ4_XS>) return few_rows ? 5 : 7;
+  return 7;
+}
+template <class F, typename T, int kSplit>
+__global__ void __launch_bounds__(kSplit * 32) decode_fragment_kernel(QuantizedMatmulArgs a) {
   __shared__ float partial[kSplit][16][8];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * 16, z = blockIdx.y;
   const int m = static_cast<int>(a.m), xblocks = static_cast<int>(a.k / 32);
-  Stage& st = stages[warp];
-  // The lane's row to decode (rows past n read the last row and store nothing) and its kLaneXB x-blocks of each kXB.
-  const int my_row = lane / 2, my_part = lane % 2;
-  const uint8_t* row = weight_row(a, z, n0 + my_row);
-  // x's codes of column g (the lane's B fragment) and records of columns 2t, 2t + 1 (its outputs).
-  const uint8_t* codes = x_codes(a, z);
+  const uint8_t* row_lo = weight_row(a, z, n0 + g);
+  const uint8_t* row_hi = weight_row(a, z, n0 + g + 8);
+  // x by x-block (quantize_x_kernel<T, true>): of each x-block, column g's codes (B fragment) and the records of
+  // columns 2t, 2t + 1 (this lane's outputs) lie within 8 * 32 and 8 * 8 bytes.
+  const int col_g = g < m ? g : m - 1;
+  const int out_col[2] = {2 * t < m ? 2 * t : m - 1, 2 * t + 1 < m ? 2 * t + 1 : m - 1};
+  const uint32_t* codes = reinterpret_cast<const uint32_t*>(x_codes(a, z)) + col_g * 8;
   const XRecord* records = x_records(a, z);
   const typename F::Context ctx;
   float acc[4] = {};
-  for (int xb0 = kXB * warp; xb0 < xblocks; xb0 += kXB * kSplit) {
-    // x's fragments and records first, so that their loads are in flight with the weight's.
-    uint32_t bf[kXB][2];
-    int2 rec[kXB][2];
+  // One x-block: x's fragment and records, the product, its scaling (lo: rows g, hi: g + 8).
+  auto step = [&](int xb, const decode::Frag& lo, const decode::Frag& hi) {
+    const int64_t first = static_cast<int64_t>(xb) * m;  // x-block xb of row 0 of x
+    const uint32_t bf[2] = {__ldg(codes + first * 8 + t), __ldg(codes + first * 8 + 4 + t)};
+    float dx[2];
+    int sums[2];
 #pragma unroll
-    for (int j = 0; j < kXB; ++j) {
-      const bool valid = xb0 + j < xblocks;
-      const uint32_t* xc = reinterpret_cast<const uint32_t*>(codes + static_cast<int64_t>(g) * a.k) + (xb0 + j) * 8;
-      bf[j][0] = valid && g < m ? __ldg(xc + t) : 0u;
-      bf[j][1] = valid && g < m ? __ldg(xc + 4 + t) : 0u;
-#pragma unroll
-      for (int c = 0; c < 2; ++c)
-        rec[j][c] = valid && 2 * t + c < m
-                        ? __ldg(reinterpret_cast<const int2*>(records + static_cast<int64_t>(2 * t + c) * xblocks +
-                                                              xb0 + j))
-                        : int2{0, 0};
+    for (int c = 0; c < 2; ++c) {
+      int s0, s1;
+      unpack_record(__ldg(reinterpret_cast<const int2*>(records + first + out_col[c])), dx[c], s0, s1);
+      sums[c] = s0 + s1;
     }
-    decode::Sub subs[kLaneXB];
-    const int mine = xb0 + kLaneXB * my_part;
+    const uint32_t af[4] = {lo.lo, hi.lo, lo.hi, hi.hi};
+    int d[4];
+    mma_s8_16x8x32(d, af, bf);
 #pragma unroll
-    for (int j = 0; j < kLaneXB; ++j) {
-      if (mine + j < xblocks) {
-        F::load(ctx, row, mine + j, subs[j]);
-      } else {
-        subs[j] = decode::Sub{};  // zero codes and scales past the row's end
-      }
+    for (int c = 0; c < 2; ++c) {
+      acc[c] += decode::scaled_dot<F>(d[c], lo.a, lo.b, dx[c], sums[c]);
+      acc[2 + c] += decode::scaled_dot<F>(d[2 + c], hi.a, hi.b, dx[c], sums[c]);
     }
-#pragma unroll
-    for (int j = 0; j < kLaneXB; ++j) {
-      const int s = kLaneXB * my_part + j;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) st.codes[s][my_row][i] = subs[j].q[i];
-      st.scale[s][my_row] = subs[j].a;
-      st.offset[s][my_row] = subs[j].b;
-    }
-    __syncwarp();
-#pragma unroll
-    for (int j = 0; j < kXB; ++j) {
-      const uint32_t af[4] = {st.codes[j][g][t], st.codes[j][g + 8][t], st.codes[j][g][4 + t],
-                              st.codes[j][g + 8][4 + t]};
-      int d[4];
-      mma_s8_16x8x32(d, af, bf[j]);
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        float dx;  // 0 for columns past m and x-blocks past the row
-        int s0, s1;
-        unpack_record(rec[j][c], dx, s0, s1);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int r = g + 8 * h;
-          acc[2 * h + c] += decode::scaled_dot<F>(d[2 * h + c], st.scale[j][r], st.offset[j][r], dx, s0 + s1);
-        }
-      }
-    }
-    __syncwarp();  // the stage is rewritten next
+  };
+#pragma unroll 4
+  for (int xb = warp; xb < xblocks; xb += kSplit) {
+    decode::Frag lo, hi;
+    F::fragment(ctx, row_lo, xb, t, lo);
+    F::fragment(ctx, row_hi, xb, t, hi);
+    step(xb, lo, hi);
   }
 #pragma unroll
   for (int i = 0; i < 4; ++i) partial[warp][g + 8 * (i / 2)][2 * t + i % 2] = acc[i];
@@ -553,45 +542,59 @@ void set_direct_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
 }
 
 template <class F, typename T>
-void set_mma_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
-  l.kernel = reinterpret_cast<const void*>(&decode_mma_kernel<F, T>);
+void set_fragment_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
+  const bool few = a.n <= kFewRows;  // more warps per 16 rows, so that the grid keeps enough loads in flight
+  l.kernel = few ? reinterpret_cast<const void*>(&decode_fragment_kernel<F, T, kFragmentSplitFew>)
+                 : reinterpret_cast<const void*>(&decode_fragment_kernel<F, T, kFragmentSplitMany>);
   l.grid = dim3(ceil_div(a.n, 16), static_cast<unsigned>(a.batches));
-  l.block = dim3(kMmaSplit * 32);
+  l.block = dim3((few ? kFragmentSplitFew : kFragmentSplitMany) * 32);
 }
 
+// Returns whether the step reads x by x-block (quantize_x_kernel's kByBlock).
 template <class F, int MB, typename T>
-void set_dot_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
+bool set_dot_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
   const bool words = (reinterpret_cast<uintptr_t>(a.w) | static_cast<uintptr_t>(a.row_bytes)) % 4 == 0;
   if (!words) {
     l.kernel = reinterpret_cast<const void*>(&decode_dot_kernel<F, MB, T>);
     l.grid = dim3(ceil_div(a.n, rows_per_warp<MB>() * warps_per_block<MB>()), static_cast<unsigned>(a.batches));
     l.block = dim3(warps_per_block<MB>() * 32);
-    return;
+    return false;
+  }
+  if constexpr (MB == kDecodeMaxM && decode::has_fragment<F>()) {
+    if (a.m >= fragment_min_m<F>(a.n <= kFewRows)) {
+      set_fragment_step<F, T>(l, a);
+      return true;
+    }
   }
   if constexpr (MB == 1) {
-    if (a.n <= kFewRows) return set_direct_step<F, 1, T, 2, 2>(l, a);
+    if (a.n <= kFewRows) {
+      set_direct_step<F, 1, T, 2, 2>(l, a);
+      return false;
+    }
   }
-  if constexpr (MB == 8 && std::is_same_v<F, decode::FmtQ4_K>) return set_mma_step<F, T>(l, a);
   set_direct_step<F, MB, T>(l, a);
+  return false;
 }
 
 template <typename T, class F>
 QuantizedMatmulPlan dot_plan(const QuantizedMatmulArgs& a) {
   QuantizedMatmulPlan p;
   KernelLaunch& q = p.steps[0];
-  q.kernel = reinterpret_cast<const void*>(&quantize_x_kernel<T>);
+  KernelLaunch& d = p.steps[1];
+  bool by_block;
+  if (a.m <= 1) {
+    by_block = set_dot_step<F, 1, T>(d, a);
+  } else if (a.m <= 2) {
+    by_block = set_dot_step<F, 2, T>(d, a);
+  } else if (a.m <= 4) {
+    by_block = set_dot_step<F, 4, T>(d, a);
+  } else {
+    by_block = set_dot_step<F, 8, T>(d, a);
+  }
+  q.kernel = by_block ? reinterpret_cast<const void*>(&quantize_x_kernel<T, true>)
+                      : reinterpret_cast<const void*>(&quantize_x_kernel<T, false>);
   q.grid = dim3(ceil_div(x_rows(a) * (a.k / 32) * 8, kQuantizeThreads));
   q.block = dim3(kQuantizeThreads);
-  KernelLaunch& d = p.steps[1];
-  if (a.m <= 1) {
-    set_dot_step<F, 1, T>(d, a);
-  } else if (a.m <= 2) {
-    set_dot_step<F, 2, T>(d, a);
-  } else if (a.m <= 4) {
-    set_dot_step<F, 4, T>(d, a);
-  } else {
-    set_dot_step<F, 8, T>(d, a);
-  }
   p.workspace_bytes = records_offset(a) + x_rows(a) * (a.k / 32) * static_cast<int64_t>(sizeof(XRecord));
   return p;
 }
