@@ -14,7 +14,7 @@ set -uo pipefail
 MEMCHECK_ARGS=${MEMCHECK_ARGS:-"-k 'random_bytes or every_cpu_kernel_variant or quantized_matmul'"}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 # The GPU machine's g++ (/opt/gcc) and ld disagree on LTO ("could not run lto-wrapper" at the module's link,
-# seen again 2026-11-25): build without it there. CUDAARCHS=90 builds Hopper only (about half the compile time).
+# seen again 2026-11-25): build without it there. CUDAARCHS=90 builds for Hopper only (one architecture of two).
 export CMAKE_ARGS="${CMAKE_ARGS:-} -DMLX_GGML_EXT_LTO=OFF"
 if [[ ! -d /root/mlx-site/mlx ]]; then bash .gpu/on-device.sh setup || exit 1; fi
 if [[ ! -d /root/testdeps ]]; then
