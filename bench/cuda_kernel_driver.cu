@@ -96,6 +96,21 @@ void launch(const KernelLaunch& l, QuantizedMatmulArgs& a) {
   CHECK(cudaLaunchKernel(l.kernel, l.grid, l.block, params, l.shared_bytes, 0));
 }
 
+// One batch of x (m rows, f16) against one weight of n rows of row_bytes bytes, as both modes below run it.
+QuantizedMatmulArgs single_batch_args(const void* x, const void* w, void* y, int64_t m, int64_t n, int64_t k,
+                                      int64_t row_bytes) {
+  QuantizedMatmulArgs a{};
+  a.x = x;
+  a.w = w;
+  a.y = y;
+  a.m = m;
+  a.n = n;
+  a.k = k;
+  a.row_bytes = row_bytes;
+  a.batches = a.b2 = a.a2 = a.ratio2 = a.ratio3 = 1;
+  return a;
+}
+
 struct TypeInfo {
   const char* name;
   int id, qk, bytes;
@@ -154,15 +169,7 @@ double check_case(const TypeInfo& t, int64_t n, int64_t k, int m) {
   CHECK(cudaMalloc(&dy, m * n * sizeof(float)));
   CHECK(cudaMemcpy(dw, w.data(), w.size(), cudaMemcpyHostToDevice));
   CHECK(cudaMemcpy(dx, x.data(), x.size() * sizeof(__half), cudaMemcpyHostToDevice));
-  QuantizedMatmulArgs a{};
-  a.x = dx;
-  a.w = dw;
-  a.y = dy;
-  a.m = m;
-  a.n = n;
-  a.k = k;
-  a.row_bytes = row_bytes;
-  a.batches = a.b2 = a.a2 = a.ratio2 = a.ratio3 = 1;
+  QuantizedMatmulArgs a = single_batch_args(dx, dw, dy, m, n, k, row_bytes);
   a.out_f32 = true;
   const QuantizedMatmulPlan plan = quantized_matmul_plan(a, t.id, FloatType::f16, false);
   void* ws = nullptr;
@@ -254,15 +261,7 @@ int main(int argc, char** argv) {
         CHECK(cudaMalloc(&x, m * k * sizeof(__half)));
         CHECK(cudaMalloc(&y, m * n * sizeof(float)));
         fill_half_kernel<<<256, 256>>>(x, m * k);
-        QuantizedMatmulArgs a{};
-        a.x = x;
-        a.w = w[0];
-        a.y = y;
-        a.m = m;
-        a.n = n;
-        a.k = k;
-        a.row_bytes = row_bytes;
-        a.batches = a.b2 = a.a2 = a.ratio2 = a.ratio3 = 1;
+        QuantizedMatmulArgs a = single_batch_args(x, w[0], y, m, n, k, row_bytes);
         const QuantizedMatmulPlan plan = quantized_matmul_plan(a, t->id, FloatType::f16, false);
         void* ws = nullptr;
         if (plan.workspace_bytes) CHECK(cudaMalloc(&ws, plan.workspace_bytes));

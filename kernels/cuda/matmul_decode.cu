@@ -437,8 +437,11 @@ __global__ void __launch_bounds__(kSplit * 32) decode_fragment_kernel(QuantizedM
   const XRecord* records = x_records(a, z);
   const typename F::Context ctx;
   float acc[4] = {};
-  // One x-block: x's fragment and records, the product, its scaling (lo: rows g, hi: g + 8).
-  auto step = [&](int xb, const decode::Frag& lo, const decode::Frag& hi) {
+#pragma unroll 4
+  for (int xb = warp; xb < xblocks; xb += kSplit) {
+    decode::Frag lo, hi;  // rows g and g + 8
+    F::fragment(ctx, row_lo, xb, t, lo);
+    F::fragment(ctx, row_hi, xb, t, hi);
     const int64_t first = static_cast<int64_t>(xb) * m;  // x-block xb of row 0 of x
     const uint32_t bf[2] = {__ldg(codes + first * 8 + t), __ldg(codes + first * 8 + 4 + t)};
     float dx[2];
@@ -457,13 +460,6 @@ __global__ void __launch_bounds__(kSplit * 32) decode_fragment_kernel(QuantizedM
       acc[c] += decode::scaled_dot<F>(d[c], lo.a, lo.b, dx[c], sums[c]);
       acc[2 + c] += decode::scaled_dot<F>(d[2 + c], hi.a, hi.b, dx[c], sums[c]);
     }
-  };
-#pragma unroll 4
-  for (int xb = warp; xb < xblocks; xb += kSplit) {
-    decode::Frag lo, hi;
-    F::fragment(ctx, row_lo, xb, t, lo);
-    F::fragment(ctx, row_hi, xb, t, hi);
-    step(xb, lo, hi);
   }
 #pragma unroll
   for (int i = 0; i < 4; ++i) partial[warp][g + 8 * (i / 2)][2 * t + i % 2] = acc[i];
