@@ -6,6 +6,10 @@
 //   ./driver [filter]      # JSON lines; filter: a substring of the case names
 //   ./driver --check       # each quantized type's plan against float64 math on the dequantized weight (NMSE)
 //
+// Variant builds: -DGGML_EXT_FRAGMENT_FROM_M=2 routes every format with fragments to the tensor-core kernels from
+// m=2 on (so each is timed at every m); -DGGML_EXT_TUNING lets GGML_EXT_STAGED=<warps><stages> (42, 43, 82, 83,
+// 162, 24) or =unstaged pick the tensor-core kernel's shape at run time (kernels/cuda/matmul_decode.cu).
+//
 // Each case cycles through enough copies of the weight (>= 256 MB together) that every product reads its weight
 // from DRAM, not from the 50 MB L2, as a model's layers would. Times are CUDA-event times of 200 products in a
 // row divided by 200 ("step1_us": the dot kernel alone on x quantized once; "plan_us": every step of the plan,
@@ -92,6 +96,9 @@ struct Timer {
 };
 
 void launch(const KernelLaunch& l, QuantizedMatmulArgs& a) {
+  if (l.shared_bytes > 48 * 1024) {  // above the default limit: raised per kernel, as csrc/backend/cuda does
+    CHECK(cudaFuncSetAttribute(l.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(l.shared_bytes)));
+  }
   void* params[] = {&a};
   CHECK(cudaLaunchKernel(l.kernel, l.grid, l.block, params, l.shared_bytes, 0));
 }

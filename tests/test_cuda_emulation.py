@@ -401,10 +401,11 @@ def test_decode_unaligned_rows(kernels, t, offset):
 
 
 @pytest.mark.parametrize("t, m", [(GGMLType.Q4_0, 1), (GGMLType.Q4_K, 1), (GGMLType.Q4_0, 8), (GGMLType.Q5_K, 8),
-                                  (GGMLType.Q8_0, 8)], ids=str)
+                                  (GGMLType.Q8_0, 8), (GGMLType.Q4_0, 4), (GGMLType.Q5_K, 2)], ids=str)
 def test_decode_many_rows(kernels, t, m):
-    """A weight of more rows than kFewRows (8192): at m=1 a warp per row instead of 2 warps sharing 2; at m=8 the
-    tensor-core kernel with 4 warps per 16 rows instead of 16 (Q5_K takes it only there)."""
+    """A weight of more rows than kFewRows (8192): at m=1 a warp per row instead of 2 warps sharing 2; from m=2..5
+    on (by format) the staged tensor-core kernel with 8 warps per 16 rows instead of 16 (Q4_0 takes it from m=4
+    only there, Q5_K from m=2)."""
     got, exact, theirs = decode_case(kernels, t, F16, m, 256, n=8195, out_f32=True)
     assert_no_less_accurate_than_ggml(got, exact, theirs, "many rows", 256)
 

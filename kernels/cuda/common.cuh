@@ -115,6 +115,34 @@ __device__ __forceinline__ T* dynamic_shared_memory() {
 
 __host__ __device__ inline bool aligned(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
+// Asynchronous 16-byte copies from global to shared memory (cp.async, L2 only): issued, committed as a group,
+// and waited for with at most N newer groups still in flight. A lane's wait covers only its own copies, so lanes
+// that read each other's bytes also need a barrier (__syncwarp) after it. The host emulation defers each
+// group's copies to the wait that covers it, as late as a GPU may perform them.
+__device__ __forceinline__ void copy_async_16(void* shared_dst, const void* global_src) {
+#if defined(GGML_EXT_CUDA_EMULATION)
+  ggml_ext_emulated_copy_async(shared_dst, global_src, 16);
+#else
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(shared_dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(global_src) : "memory");
+#endif
+}
+__device__ __forceinline__ void copy_async_commit() {
+#if defined(GGML_EXT_CUDA_EMULATION)
+  ggml_ext_emulated_copy_async_commit();
+#else
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void copy_async_wait() {
+#if defined(GGML_EXT_CUDA_EMULATION)
+  ggml_ext_emulated_copy_async_wait(N);
+#else
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+#endif
+}
+
 // Asks for the 128-byte lines of [p, p + bytes) in L1 (a hint; nothing in the host emulation).
 __device__ __forceinline__ void prefetch_l1(const void* p, int bytes) {
 #if !defined(GGML_EXT_CUDA_EMULATION)

@@ -20,12 +20,18 @@
 // and the offset terms use d * sum(codes) as ggml's Q8_1 does, so the result is never less accurate than
 // ggml's own scheme.
 //
-// From 5..7 rows of x on (fragment_min_m, by format), formats with one scale per 32 elements take the tensor
-// cores instead (decode_fragment_kernel): each lane reads its A-fragment words of the weight straight from global
-// memory, x's codes (stored by x-block) are the 8 columns of an int8 m16n8k32 product.
+// From 2..7 rows of x on (fragment_min_m, by format and kernel), formats with one scale per 32 elements take the
+// tensor cores instead: x's codes (stored by x-block) are the 8 columns of an int8 m16n8k32 product, and each lane
+// reads its A-fragment words of the weight from shared memory, where the warp copied its chunks of 16 rows with
+// cp.async (decode_staged_fragment_kernel, rows on 16-byte boundaries), else straight from global memory
+// (decode_fragment_kernel).
 //
 // Float weights (F32/F16/BF16) keep the float kernel (decode_float_kernel): a warp per row, 16-element chunks.
 #include <type_traits>
+#if defined(GGML_EXT_TUNING)
+#include <cstdlib>
+#include <string>
+#endif
 
 #include "kernels/cuda/decode_formats.cuh"
 #include "kernels/cuda/matmul_common.cuh"
@@ -409,11 +415,25 @@ __device__ __forceinline__ void mma_s8_16x8x32(int (&d)[4], const uint32_t (&a)[
 // aligned words with the scales shuffled between lanes (L1 65%, but 72-101 registers: no faster, 4096x14336
 // Q4_0 38.9 us); 2 or 8 warps per 16 rows of a weight of many rows (up to 1.2x slower than 4).
 constexpr int kFragmentSplitMany = 4, kFragmentSplitFew = 16;  // warps per 16 rows, above / up to kFewRows rows
-// The rows of x from which the fragment kernel replaces the dp4a kernels, by format and weight height (the
-// crossings measured as above; formats not measured there from 7, where the dp4a kernels' time has grown most).
+// The rows of x from which a tensor-core kernel replaces the dp4a kernels, by format, weight height and kernel
+// (staged: decode_staged_fragment_kernel, below). H100, bench/cuda_kernel_driver.cu, dot step, m = 1, 2, 4, 5, 6,
+// 8 on 14336x4096 / 4096x14336 (bench/results/h100-2026-11-25s-staged-fragment.json): the staged kernel beats
+// the dp4a kernels from m = 4 (Q4_0 on many rows; Q4_K; Q5_K on few rows), m = 2 (Q5_K on many rows) or m = 5
+// (the rest of those measured: Q8_0, Q4_1, IQ4_XS, Q4_0 on few rows); formats not measured (Q5_0, Q5_1, IQ4_NL,
+// MXFP4) take it from 5, where it was faster for every measured one. The unstaged kernel's crossings are those of
+// its own measurement (above); formats not measured there from 7.
 template <class F>
-constexpr int fragment_min_m(bool few_rows) {
+constexpr int fragment_min_m(bool few_rows, bool staged) {
   using namespace decode;
+#if defined(GGML_EXT_FRAGMENT_FROM_M)  // timing builds of bench/cuda_kernel_driver.cu: route from this m on
+  return GGML_EXT_FRAGMENT_FROM_M;
+#endif
+  if (staged) {
+    if constexpr (std::is_same_v<F, FmtQ4_K>) return 4;
+    if constexpr (std::is_same_v<F, FmtQ5_K>) return few_rows ? 4 : 2;
+    if constexpr (std::is_same_v<F, FmtQ4_0>) return few_rows ? 5 : 4;
+    return 5;
+  }
   if constexpr (std::is_same_v<F, FmtQ4_K>) return 5;
   if constexpr (std::is_same_v<F, FmtQ4_0>) return few_rows ? 6 : 5;
   if constexpr (std::is_same_v<F, FmtQ4_1>) return few_rows ? 7 : 5;
@@ -421,27 +441,32 @@ constexpr int fragment_min_m(bool few_rows) {
   if constexpr (std::is_same_v<F, FmtIQ4_XS>) return few_rows ? 5 : 7;
   return 7;
 }
-template <class F, typename T, int kSplit>
-__global__ void __launch_bounds__(kSplit * 32) decode_fragment_kernel(QuantizedMatmulArgs a) {
-  __shared__ float partial[kSplit][16][8];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
-  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * 16, z = blockIdx.y;
-  const int m = static_cast<int>(a.m), xblocks = static_cast<int>(a.k / 32);
-  const uint8_t* row_lo = weight_row(a, z, n0 + g);
-  const uint8_t* row_hi = weight_row(a, z, n0 + g + 8);
-  // x by x-block (quantize_x_kernel<T, true>): of each x-block, column g's codes (B fragment) and the records of
-  // columns 2t, 2t + 1 (this lane's outputs) lie within 8 * 32 and 8 * 8 bytes.
-  const int col_g = g < m ? g : m - 1;
-  const int out_col[2] = {2 * t < m ? 2 * t : m - 1, 2 * t + 1 < m ? 2 * t + 1 : m - 1};
-  const uint32_t* codes = reinterpret_cast<const uint32_t*>(x_codes(a, z)) + col_g * 8;
-  const XRecord* records = x_records(a, z);
-  const typename F::Context ctx;
+// What both tensor-core kernels do per x-block and at the end: lane (g, t)'s share of the m16n8k32 product of
+// 16 weight rows with x's 8 columns (rows of x, clamped to the last past m), scaled into acc, then the block's
+// kSplit warps' sums met in shared memory and stored.
+template <class F>
+struct FragmentDot {
+  const QuantizedMatmulArgs& a;
+  int64_t n0, z;
+  int m, t;
+  int out_col[2];
+  const uint32_t* codes;
+  const XRecord* records;
   float acc[4] = {};
-#pragma unroll 4
-  for (int xb = warp; xb < xblocks; xb += kSplit) {
-    decode::Frag lo, hi;  // rows g and g + 8
-    F::fragment(ctx, row_lo, xb, t, lo);
-    F::fragment(ctx, row_hi, xb, t, hi);
+
+  __device__ FragmentDot(const QuantizedMatmulArgs& args, int lane)
+      : a(args), n0(static_cast<int64_t>(blockIdx.x) * 16), z(blockIdx.y), m(static_cast<int>(args.m)), t(lane % 4) {
+    // x by x-block (quantize_x_kernel<T, true>): of each x-block, column g's codes (B fragment) and the records
+    // of columns 2t, 2t + 1 (this lane's outputs) lie within 8 * 32 and 8 * 8 bytes.
+    const int g = lane / 4, col_g = g < m ? g : m - 1;
+    out_col[0] = 2 * t < m ? 2 * t : m - 1;
+    out_col[1] = 2 * t + 1 < m ? 2 * t + 1 : m - 1;
+    codes = reinterpret_cast<const uint32_t*>(x_codes(a, z)) + col_g * 8;
+    records = x_records(a, z);
+  }
+
+  // x-block xb of rows g (lo) and g + 8 (hi).
+  __device__ __forceinline__ void add(const decode::Frag& lo, const decode::Frag& hi, int xb) {
     const int64_t first = static_cast<int64_t>(xb) * m;  // x-block xb of row 0 of x
     const uint32_t bf[2] = {__ldg(codes + first * 8 + t), __ldg(codes + first * 8 + 4 + t)};
     float dx[2];
@@ -461,17 +486,112 @@ __global__ void __launch_bounds__(kSplit * 32) decode_fragment_kernel(QuantizedM
       acc[2 + c] += decode::scaled_dot<F>(d[2 + c], hi.a, hi.b, dx[c], sums[c]);
     }
   }
+
+  template <typename T, int kSplit>
+  __device__ __forceinline__ void store(float (&partial)[kSplit][16][8], int warp, int lane) {
+    const int g = lane / 4;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) partial[warp][g + 8 * (i / 2)][2 * t + i % 2] = acc[i];
-  __syncthreads();
-  for (int o = threadIdx.x; o < 16 * 8; o += kSplit * 32) {
-    const int r = o / 8, col = o % 8;
-    if (col >= m || n0 + r >= a.n) continue;
-    float sum = 0.0f;
+    for (int i = 0; i < 4; ++i) partial[warp][g + 8 * (i / 2)][2 * t + i % 2] = acc[i];
+    __syncthreads();
+    for (int o = threadIdx.x; o < 16 * 8; o += kSplit * 32) {
+      const int r = o / 8, col = o % 8;
+      if (col >= m || n0 + r >= a.n) continue;
+      float sum = 0.0f;
 #pragma unroll
-    for (int w = 0; w < kSplit; ++w) sum += partial[w][r][col];
-    store_output<T>(a, (z * a.m + col) * a.n + n0 + r, sum);
+      for (int w = 0; w < kSplit; ++w) sum += partial[w][r][col];
+      store_output<T>(a, (z * a.m + col) * a.n + n0 + r, sum);
+    }
   }
+};
+
+template <class F, typename T, int kSplit>
+__global__ void __launch_bounds__(kSplit * 32) decode_fragment_kernel(QuantizedMatmulArgs a) {
+  __shared__ float partial[kSplit][16][8];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
+  FragmentDot<F> dot(a, lane);
+  const uint8_t* row_lo = weight_row(a, dot.z, dot.n0 + g);
+  const uint8_t* row_hi = weight_row(a, dot.z, dot.n0 + g + 8);
+  const int xblocks = static_cast<int>(a.k / 32);
+  const typename F::Context ctx;
+#pragma unroll 4
+  for (int xb = warp; xb < xblocks; xb += kSplit) {
+    decode::Frag lo, hi;  // rows g and g + 8
+    F::fragment(ctx, row_lo, xb, t, lo);
+    F::fragment(ctx, row_hi, xb, t, hi);
+    dot.add(lo, hi, xb);
+  }
+  dot.template store<T, kSplit>(partial, warp, lane);
+}
+
+// The tensor-core decode with the weight staged: where the fragment kernel's lanes each read a word of 8 rows
+// per load (8 L1 wavefronts for 128 bytes), here each warp copies its chunks of the 16 rows (kChunk x-blocks
+// of whole blocks, a multiple of 16 bytes) into shared memory with 16-byte cp.async copies, kStages chunks in
+// flight, and the lanes read their fragment words from there (the row stride an odd number of 16-byte words, so
+// the 8 rows of a read fall in distinct banks). Rows must start on 16-byte boundaries and hold whole chunks.
+template <class F>
+struct StagedChunk {
+  static constexpr int kBlockBytes = static_cast<int>(sizeof(typename F::Block));
+  // x-blocks per chunk: 8 (one 256-element block) unless 8 x-blocks' bytes are not a multiple of 16 (MXFP4, IQ4_XS)
+  static constexpr int kXBlocks = 8 * 32 / F::kQK * kBlockBytes % 16 == 0 ? 8 : 16;
+  static constexpr int kBytes = kXBlocks * 32 / F::kQK * kBlockBytes;
+  static constexpr int kStride = kBytes / 16 % 2 == 1 ? kBytes : kBytes + 16;  // bytes between staged rows
+  static_assert(kBytes % 16 == 0 && kXBlocks * 32 % F::kQK == 0, "chunks of whole blocks, whole 16-byte words");
+};
+// Warps per 16 rows and chunks in flight per warp. H100 (same measurement as fragment_min_m), m=8, 14336x4096 /
+// 4096x14336, warps x stages 4x2 / 4x3 / 8x2 / 8x3 / 16x2: Q4_0 24.8 / 27.0 / 25.7 / 26.0 / 25.6 and 52.4 / 57.8 /
+// 30.8 / 31.0 / 24.0 us, Q4_K 34.5 / 34.4 / 28.0 / 28.6 / 28.9 and 48.9 / 48.5 / 33.0 / 33.9 / 28.2, Q8_0 50.0 /
+// 39.2 / 39.3 / 40.7 / 45.1 and 78.7 / 54.8 / 37.7 / 37.9 / 43.2: a weight of few rows (a grid of n / 16 blocks)
+// needs more warps per block to keep enough copies in flight; a third stage never beat 8 warps with two.
+constexpr int kStagedStages = 2;
+template <class F>
+constexpr int staged_split(bool few_rows) {
+  return few_rows && !std::is_same_v<F, decode::FmtQ8_0> ? 16 : 8;
+}
+// Whether the staged kernel can take this weight: rows on 16-byte boundaries, in whole chunks.
+template <class F>
+bool staged_fits(const QuantizedMatmulArgs& a) {
+  return aligned(a.w, 16) && a.row_bytes % 16 == 0 && a.k / 32 % StagedChunk<F>::kXBlocks == 0;
+}
+
+template <class F, typename T, int kSplit, int kStages>
+__global__ void __launch_bounds__(kSplit * 32) decode_staged_fragment_kernel(QuantizedMatmulArgs a) {
+  using Chunk = StagedChunk<F>;
+  constexpr int kWords = Chunk::kBytes / 16;  // per row and chunk
+  __shared__ float partial[kSplit][16][8];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
+  uint8_t* stages = dynamic_shared_memory<uint8_t>() + warp * kStages * 16 * Chunk::kStride;
+  FragmentDot<F> dot(a, lane);
+  const int chunks = static_cast<int>(a.k / 32) / Chunk::kXBlocks;
+  // Chunk c of the 16 rows into stage s, one commit group per call (empty past the last chunk).
+  auto issue = [&](int c, int s) {
+    if (c < chunks) {
+      uint8_t* dst = stages + s * 16 * Chunk::kStride;
+      for (int i = lane; i < 16 * kWords; i += 32) {
+        const int r = i / kWords, u = i % kWords;
+        copy_async_16(dst + r * Chunk::kStride + 16 * u,
+                      weight_row(a, dot.z, dot.n0 + r) + static_cast<int64_t>(c) * Chunk::kBytes + 16 * u);
+      }
+    }
+    copy_async_commit();
+  };
+#pragma unroll
+  for (int s = 0; s + 1 < kStages; ++s) issue(warp + s * kSplit, s);
+  const typename F::Context ctx;
+  for (int c = warp, i = 0; c < chunks; c += kSplit, ++i) {
+    __syncwarp();  // every lane is done with the stage refilled next (read in the previous iteration)
+    issue(c + (kStages - 1) * kSplit, (i + kStages - 1) % kStages);
+    copy_async_wait<kStages - 1>();
+    __syncwarp();  // every lane's copies of chunk c have landed
+    const uint8_t* stage = stages + (i % kStages) * 16 * Chunk::kStride;
+#pragma unroll
+    for (int j = 0; j < Chunk::kXBlocks; ++j) {
+      decode::Frag lo, hi;  // rows g and g + 8
+      F::fragment(ctx, stage + g * Chunk::kStride, j, t, lo);
+      F::fragment(ctx, stage + (g + 8) * Chunk::kStride, j, t, hi);
+      dot.add(lo, hi, c * Chunk::kXBlocks + j);
+    }
+  }
+  dot.template store<T, kSplit>(partial, warp, lane);
 }
 
 // ------------------------------------------------------------------------------------------------ float
@@ -537,8 +657,32 @@ void set_direct_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
   l.block = dim3(kWarps * 32);
 }
 
+template <class F, typename T, int kSplit, int kStages>
+void set_staged_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
+  l.kernel = reinterpret_cast<const void*>(&decode_staged_fragment_kernel<F, T, kSplit, kStages>);
+  l.grid = dim3(ceil_div(a.n, 16), static_cast<unsigned>(a.batches));
+  l.block = dim3(kSplit * 32);
+  l.shared_bytes = static_cast<unsigned>(kSplit * kStages * 16 * StagedChunk<F>::kStride);
+}
+
 template <class F, typename T>
 void set_fragment_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
+#if defined(GGML_EXT_TUNING)  // bench/cuda_kernel_driver.cu's variant builds: GGML_EXT_STAGED=<warps><stages>|unstaged
+  const char* v = std::getenv("GGML_EXT_STAGED");
+  const std::string variant = v ? v : "";
+  if (staged_fits<F>(a) && variant != "unstaged") {
+    if (variant == "42") return set_staged_step<F, T, 4, 2>(l, a);
+    if (variant == "43") return set_staged_step<F, T, 4, 3>(l, a);
+    if (variant == "82") return set_staged_step<F, T, 8, 2>(l, a);
+    if (variant == "83") return set_staged_step<F, T, 8, 3>(l, a);
+    if (variant == "162") return set_staged_step<F, T, 16, 2>(l, a);
+    if (variant == "24") return set_staged_step<F, T, 2, 4>(l, a);
+#else
+  if (staged_fits<F>(a)) {
+#endif
+    if (staged_split<F>(a.n <= kFewRows) == 16) return set_staged_step<F, T, 16, kStagedStages>(l, a);
+    return set_staged_step<F, T, 8, kStagedStages>(l, a);
+  }
   const bool few = a.n <= kFewRows;  // more warps per 16 rows, so that the grid keeps enough loads in flight
   l.kernel = few ? reinterpret_cast<const void*>(&decode_fragment_kernel<F, T, kFragmentSplitFew>)
                  : reinterpret_cast<const void*>(&decode_fragment_kernel<F, T, kFragmentSplitMany>);
@@ -556,8 +700,8 @@ bool set_dot_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
     l.block = dim3(warps_per_block<MB>() * 32);
     return false;
   }
-  if constexpr (MB == kDecodeMaxM && decode::has_fragment<F>()) {
-    if (a.m >= fragment_min_m<F>(a.n <= kFewRows)) {
+  if constexpr (MB > 1 && decode::has_fragment<F>()) {
+    if (a.m >= fragment_min_m<F>(a.n <= kFewRows, staged_fits<F>(a))) {
       set_fragment_step<F, T>(l, a);
       return true;
     }

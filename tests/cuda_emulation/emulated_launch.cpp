@@ -57,6 +57,28 @@ unsigned char* ggml_ext_emulated_dynamic_shared() { return dynamic_shared.data()
 
 void __syncthreads() { block_barrier->arrive_and_wait(); }
 
+namespace {
+struct PendingCopy {
+  void* dst;
+  const void* src;
+  int bytes;
+};
+thread_local std::vector<PendingCopy> open_group;                // issued, not yet committed
+thread_local std::vector<std::vector<PendingCopy>> committed;    // oldest first
+}  // namespace
+
+void ggml_ext_emulated_copy_async(void* dst, const void* src, int bytes) { open_group.push_back({dst, src, bytes}); }
+void ggml_ext_emulated_copy_async_commit() {
+  committed.push_back(std::move(open_group));
+  open_group.clear();
+}
+void ggml_ext_emulated_copy_async_wait(int newer_groups_left) {
+  while (static_cast<int>(committed.size()) > newer_groups_left) {
+    for (const PendingCopy& c : committed.front()) std::memcpy(c.dst, c.src, c.bytes);
+    committed.erase(committed.begin());
+  }
+}
+
 float ggml_ext_emulated_shuffle_xor(float v, int lane_mask) {
   const unsigned t = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
   Warp& w = warps[t / 32];
