@@ -65,7 +65,7 @@ def all_cases():
         for t in (GGMLType.Q4_0, GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0):
             blocks = mx.array(reference.random_blocks(rng, t.name, n, k))
             mx.eval(blocks)
-            for m in (1, 2, 4, 8, 512):
+            for m in (1, 2, 3, 4, 5, 6, 8, 512):  # 3, 5, 6: where the decode routing changes
                 xm = mx.random.normal((m, k)).astype(mx.float16)
                 mx.eval(xm)
                 moved = blocks.nbytes if m <= 8 else 2 * m * n * k  # bytes, or flops for prefill
