@@ -708,9 +708,8 @@ struct HalfRowDot {
 #if defined(__AVX512VNNI__) && defined(__AVX512VBMI__)
 // ---------------------------------------------------------------------------------------------------
 // Two rows of x or more on AVX-512 VNNI: spans. A span is 256 elements (a 256-element block, eight 32-element
-// ones) or, for Q8_0, whose eight blocks would not fit three 64-byte loads, 128 (four blocks), cut into 16 lanes
-// of S / 16 consecutive elements: a chunk, resp. half a chunk, so one weight scale and one activation scale per
-// lane. Register g of a span holds in lane l the elements
+// ones), cut into 16 lanes of S / 16 consecutive elements (a chunk), so one weight scale and one activation
+// scale per lane. Register g of a span holds in lane l the elements
 // (S / 16) l + 4g .. + 3, for the weights (gathered so by byte permutes) and for the activations (stored in that
 // order), so the span's S / 64 dpbusd add into one int32 vector whose lane l is the dot of the whole lane: the
 // float conversion and the two scalings come once per span and row of x instead of once per 64 elements (the
@@ -719,7 +718,10 @@ struct HalfRowDot {
 // by starting each row's dot from -128 * sum(codes), computed once per span and weight row.
 // ---------------------------------------------------------------------------------------------------
 template <class Q>
-constexpr int kSpan = Q::kQK == 32 && 8 * sizeof(typename Q::B) > 192 ? 128 : 256;
+constexpr int kSpan = 256;
+// Spans whose registers gather from two windows (SpanPlan::Window::split): Q8_0, eight blocks of 34 bytes.
+template <class Q>
+constexpr bool kSplitSpan = Q::kQK == 32 && 8 * sizeof(typename Q::B) > 192;
 
 template <int S>
 struct SpanRecord {
@@ -766,12 +768,17 @@ void quantize_row(const typename Fmt::T* x, int64_t K, SpanRows<S>& a, int64_t r
 
 // How a span's register g is gathered from the weight bytes, computed once per type and register from the shared
 // layouts: the byte windows holding its low and high parts (up to three 64-byte loads, masked so that no load
-// touches bytes past the span's blocks), the permute indices into them, the shifts per 16-bit word.
+// touches bytes past the span's blocks), the permute indices into them, the shifts per 16-bit word. Where the
+// bytes of a register span more than three loads (Q8_0: 272 bytes a span), lanes 0..7 and 8..15 come from two
+// windows of at most two loads each, blended (split).
 struct SpanPlan {
   struct Window {
     int off = 0, len = 0;   // bytes from the span's first block
     uint64_t load[3] = {};  // byte masks of the loads at off, off + 64, off + 128
     uint64_t third = 0;     // lanes whose index points into the third load
+    bool split = false;     // lanes 8..15 from the second window: off2, len2, load2 (load: the first one's)
+    int off2 = 0, len2 = 0;
+    uint64_t load2[2] = {};
   };
   alignas(64) uint8_t lo_idx[64];
   alignas(64) uint16_t lo_shift[32];
@@ -792,45 +799,56 @@ constexpr SpanPlan make_span_plan(int g) {
   // byte b of the register: element (S / 16) (b / 4) + 4 g + b % 4 of the span, in chunk e / 16 at e % 16
   auto element = [&](int b) { return S / 16 * (b / 4) + 4 * g + b % 4; };
   auto layout = [&](int b) { return group_chunk_layout<Q>(0, element(b) / 16); };
-  auto set_window = [](SpanPlan::Window& w, int lo, int hi, uint8_t* idx) {
-    w.off = lo;
-    w.len = hi - lo;
-    for (int k = 0; k < 3; ++k) {
-      const int n = std::clamp(w.len - 64 * k, 0, 64);
-      w.load[k] = n == 64 ? ~uint64_t(0) : (uint64_t(1) << n) - 1;
+  auto load_masks = [](int len, uint64_t* masks, int n_loads) {
+    for (int k = 0; k < n_loads; ++k) {
+      const int n = std::clamp(len - 64 * k, 0, 64);
+      masks[k] = n == 64 ? ~uint64_t(0) : (uint64_t(1) << n) - 1;
     }
+  };
+  // at: each byte's offset from the span's first block; idx gets it relative to its window.
+  auto set_window = [&](SpanPlan::Window& w, const int (&at)[64], uint8_t* idx) {
+    int lo[2] = {1 << 30, 1 << 30}, hi[2] = {0, 0};  // over lanes 0..7 and 8..15
     for (int b = 0; b < 64; ++b) {
-      idx[b] = static_cast<uint8_t>(idx[b] - lo);
+      lo[b / 32] = std::min(lo[b / 32], at[b]);
+      hi[b / 32] = std::max(hi[b / 32], at[b] + 1);
+    }
+    if (std::max(hi[0], hi[1]) - std::min(lo[0], lo[1]) > 192) {
+      w.split = true;
+      w.off = lo[0], w.len = hi[0] - lo[0];
+      w.off2 = lo[1], w.len2 = hi[1] - lo[1];
+      load_masks(w.len, w.load, 2);
+      load_masks(w.len2, w.load2, 2);
+      for (int b = 0; b < 64; ++b) idx[b] = static_cast<uint8_t>(at[b] - lo[b / 32]);
+      return;
+    }
+    w.off = std::min(lo[0], lo[1]);
+    w.len = std::max(hi[0], hi[1]) - w.off;
+    load_masks(w.len, w.load, 3);
+    for (int b = 0; b < 64; ++b) {
+      idx[b] = static_cast<uint8_t>(at[b] - w.off);
       if (idx[b] >= 128) w.third |= uint64_t(1) << b;
     }
   };
-  int lo = 1 << 30, hi = 0;
+  int at[64];
   for (int b = 0; b < 64; ++b) {
     const ggml_ext_layout16 l = layout(b);
-    const int pos = element(b) % 16;
-    p.lo_idx[b] = static_cast<uint8_t>(l.lo + pos);
+    at[b] = l.lo + element(b) % 16;
     p.lo_shift[b / 2] = static_cast<uint16_t>(l.lo_shift);
-    lo = std::min(lo, l.lo + pos);
-    hi = std::max(hi, l.lo + pos + 1);
   }
-  set_window(p.lo, lo, hi, p.lo_idx);
+  set_window(p.lo, at, p.lo_idx);
   const ggml_ext_layout16 l0 = layout(0);
   p.has_hi = l0.hi_mask != 0 || l0.hi_word;
   p.hi_word = l0.hi_word;
   if (p.has_hi) {
-    lo = 1 << 30, hi = 0;
     for (int b = 0; b < 64; ++b) {
       const ggml_ext_layout16 l = layout(b);
       const int pos = element(b) % 16;
       // hi_word: bit (hi_shift + pos) of the little-endian word at hi
-      const int byte = l.hi_word ? l.hi + (l.hi_shift + pos) / 8 : l.hi + pos;
-      p.hi_idx[b] = static_cast<uint8_t>(byte);
+      at[b] = l.hi_word ? l.hi + (l.hi_shift + pos) / 8 : l.hi + pos;
       p.hi_bit[b] = static_cast<uint8_t>(1u << ((l.hi_shift + pos) % 8));
       p.hi_shift[b / 2] = static_cast<uint16_t>(l.hi_word ? 0 : l.hi_shift);
-      lo = std::min(lo, byte);
-      hi = std::max(hi, byte + 1);
     }
-    set_window(p.hi, lo, hi, p.hi_idx);
+    set_window(p.hi, at, p.hi_idx);
   }
   p.lo_mask = static_cast<uint8_t>(l0.lo_mask);
   p.hi_mask = static_cast<uint8_t>(l0.hi_mask);
@@ -847,6 +865,15 @@ inline constexpr SpanPlan kSpanPlan = make_span_plan<Q, kOffset>(G);
 // The window's bytes picked by idx: one permute per 64-byte load.
 template <const SpanPlan::Window& W>
 inline __attribute__((always_inline)) __m512i gather_window(const uint8_t* base, __m512i idx) {
+  if constexpr (W.split) {
+    static_assert(W.len <= 128 && W.len2 <= 128, "a split register gathers each half from at most two loads");
+    const uint8_t *p = base + W.off, *q = base + W.off2;
+    const __m512i first = _mm512_permutex2var_epi8(_mm512_maskz_loadu_epi8(W.load[0], p), idx,
+                                                   _mm512_maskz_loadu_epi8(W.load[1], p + 64));
+    const __m512i second = _mm512_permutex2var_epi8(_mm512_maskz_loadu_epi8(W.load2[0], q), idx,
+                                                    _mm512_maskz_loadu_epi8(W.load2[1], q + 64));
+    return _mm512_mask_blend_epi8(~uint64_t(0) << 32, first, second);  // bytes 32..63: lanes 8..15
+  }
   static_assert(W.len <= 192, "a span's register gathers from at most three 64-byte loads");
   const uint8_t* p = base + W.off;
   if constexpr (W.len <= 64) return _mm512_permutexvar_epi8(idx, _mm512_maskz_loadu_epi8(W.load[0], p));
@@ -955,23 +982,17 @@ struct SpanRowDot {
     w.finish();
   }
 
-  // 32-element blocks: lane l belongs to block l / (16 / kBlocks).
+  // 32-element blocks: lane l belongs to block l / 2.
   static inline __attribute__((always_inline)) void set_block_scales(SpanWeights<Q>& w, const ggml_ext_scale16* s) {
     w.scale = block_lanes([&](int k) { return s[k].scale; });
     if constexpr (kOffset) w.offset = block_lanes([&](int k) { return signed_offset(s[k]); }) + w.scale * kCenter;
   }
   template <class Value>
   static inline __attribute__((always_inline)) vf32x16 block_lanes(Value value) {
-    static_assert(kBlocks == 4 || kBlocks == 8);
-    if constexpr (kBlocks == 4) {
-      const __m128 v = _mm_setr_ps(value(0), value(1), value(2), value(3));
-      const __m512i spread = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
-      return (vf32x16)_mm512_permutexvar_ps(spread, _mm512_castps128_ps512(v));
-    } else {
-      const __m256 v = _mm256_setr_ps(value(0), value(1), value(2), value(3), value(4), value(5), value(6), value(7));
-      const __m512i spread = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
-      return (vf32x16)_mm512_permutexvar_ps(spread, _mm512_castps256_ps512(v));
-    }
+    static_assert(kBlocks == 8);
+    const __m256 v = _mm256_setr_ps(value(0), value(1), value(2), value(3), value(4), value(5), value(6), value(7));
+    const __m512i spread = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+    return (vf32x16)_mm512_permutexvar_ps(spread, _mm512_castps256_ps512(v));
   }
 
   // The last blocks of a row of 32-element blocks when fewer than a span remain: decoded chunk by chunk and
@@ -1150,9 +1171,11 @@ void forward_spans(const MatmulArgs& a) {
 template <class Q, bool kOffset>
 void forward_quantized(const MatmulArgs& a) {
 #if defined(__AVX512VNNI__) && defined(__AVX512VBMI__)
-  // Spans pay once the per-row float work outweighs their decode: from 2 rows of x for 256-element spans, from 5
-  // for Q8_0's 128-element ones (three loads per register; 1.4x slower than the group kernels at 2 rows).
-  if (a.M > (kSpan<Q> == 256 ? 1 : 4)) return forward_spans<Q, kOffset>(a);
+  // Spans pay once the per-row float work outweighs their decode: from 2 rows of x; for Q8_0, whose split gathers
+  // cost more, from 5. Q8_0 in 256-element spans against the 128-element ones they replaced (this 2-core VM,
+  // alternating runs, bench_matmul.py, 14336x4096 and 4096x14336): 8 rows 0.77-0.95x the time in 7 of 8 pairs
+  // (1.02x in one); 2 rows 0.94-1.39x, 4 rows 1.05-1.21x, so the group kernels keep up to 4.
+  if (a.M > (kSplitSpan<Q> ? 4 : 1)) return forward_spans<Q, kOffset>(a);
 #endif
   forward_on_rows<RowDot, Q, kOffset>(a, QuantizedRows{}, RowCodes<Q, kOffset>{}, sizeof(ActRecord) / kGroup);
 }
