@@ -372,8 +372,8 @@ def test_decode_no_less_accurate_than_ggml(kernels, t, x_type, m):
                          ids=lambda t: t.name)
 @pytest.mark.parametrize("m", [2, 5])
 def test_decode_broadcasting(kernels, t, m):
-    """ggml's broadcasting: x batches (2, 4) over weight batches (1, 2); float32 output of float16 x (Q4_K at m=5:
-    the tensor-core kernel, decode_fragment_kernel)."""
+    """ggml's broadcasting: x batches (2, 4) over weight batches (1, 2); float32 output of float16 x (Q4_0, Q5_1,
+    Q4_K at m=5: the staged tensor-core kernel, decode_staged_fragment_kernel)."""
     got, exact, theirs = decode_case(kernels, t, F16, m, 512, n=20, batch=(2, 4), w_batch=(1, 2), out_f32=True)
     assert_no_less_accurate_than_ggml(got, exact, theirs, "broadcast")
 

@@ -137,7 +137,7 @@ __device__ __forceinline__ void load_nibbles(const uint8_t* seg, int offset, con
   }
 }
 
-// What one lane holds for the tensor-core decode (decode_fragment_kernel): of one x-block of one weight row,
+// What one lane holds for the tensor-core decode (matmul_decode.cu's fragment kernels): of one x-block of one row,
 // the codes of elements 4t..4t+3 (lo) and 16+4t..16+4t+3 (hi), lane t's A-fragment words of an m16n8k32
 // product, with the x-block's a and b as in Sub. In every format with one scale per 32 elements those 8 codes
 // lie in one word of each field (a nibble field's byte j holds elements j and 16 + j; a byte field's words t and
@@ -168,7 +168,8 @@ __device__ __forceinline__ void nibble_frag(const uint8_t* row, int offset, int 
 // Formats whose consecutive x-blocks share bytes also have kGroup and
 //   load_group(ctx, seg, p, subs): x-blocks kGroup * p .. kGroup * p + kGroup - 1, each shared byte read once.
 // Formats with one scale per 32 elements also have
-//   fragment(ctx, row, g, t, frag): lane t's quarter of x-block g of a 4-byte aligned row (Frag).
+//   fragment(ctx, row, g, t, frag): lane t's quarter of x-block g of a 4-byte aligned row, or of a staged chunk
+//   that starts at a block boundary (Frag).
 
 struct FmtQ4_0 {
   using Block = block_q4_0;
@@ -561,7 +562,7 @@ struct XBlock {
 };
 
 // What the integer dot `dot` of a one-scale sub-block's codes with x's codes (summing to `sums`) contributes,
-// with the sub-block's a and b and x's scale dx (sub_dot; decode_fragment_kernel on its tensor-core dots).
+// with the sub-block's a and b and x's scale dx (sub_dot; the fragment kernels on their tensor-core dots).
 template <class F>
 __device__ __forceinline__ float scaled_dot(int dot, float a, float b, float dx, int sums) {
   static_assert(!F::kPerHalf, "one integer scale per sub-block");

@@ -30,7 +30,7 @@
 #include <type_traits>
 #if defined(GGML_EXT_TUNING)
 #include <cstdlib>
-#include <string>
+#include <cstring>
 #endif
 
 #include "kernels/cuda/decode_formats.cuh"
@@ -400,7 +400,8 @@ __device__ __forceinline__ void mma_s8_16x8x32(int (&d)[4], const uint32_t (&a)[
 #endif
 }
 
-// Decode on tensor cores for 5..8 rows of x (formats with fragments, rows on 4-byte boundaries): a block of
+// Decode on tensor cores, unstaged (formats with fragments, rows on 4-byte boundaries but not on 16, or not in
+// whole chunks: decode_staged_fragment_kernel below takes the rest): a block of
 // kSplit warps takes 16 weight rows, each warp every kSplit-th x-block. For an x-block, lane (g, t) reads only
 // its A-fragment words of rows g and g + 8 straight from global memory (decode_formats.cuh: Frag: four lanes per
 // row, each a quarter of the x-block's bytes); x, quantized by x-block (quantize_x_kernel<T, true>), gives the B
@@ -665,20 +666,28 @@ void set_staged_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
   l.shared_bytes = static_cast<unsigned>(kSplit * kStages * 16 * StagedChunk<F>::kStride);
 }
 
+// bench/cuda_kernel_driver.cu's variant builds (-DGGML_EXT_TUNING): whether GGML_EXT_STAGED names `variant`
+// (<warps><stages> of the staged kernel, or "unstaged"); never in the package's builds.
+inline bool tuning_variant(const char* variant) {
+#if defined(GGML_EXT_TUNING)
+  const char* v = std::getenv("GGML_EXT_STAGED");
+  return v != nullptr && std::strcmp(v, variant) == 0;
+#else
+  (void)variant;
+  return false;
+#endif
+}
+
 template <class F, typename T>
 void set_fragment_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
-#if defined(GGML_EXT_TUNING)  // bench/cuda_kernel_driver.cu's variant builds: GGML_EXT_STAGED=<warps><stages>|unstaged
-  const char* v = std::getenv("GGML_EXT_STAGED");
-  const std::string variant = v ? v : "";
-  if (staged_fits<F>(a) && variant != "unstaged") {
-    if (variant == "42") return set_staged_step<F, T, 4, 2>(l, a);
-    if (variant == "43") return set_staged_step<F, T, 4, 3>(l, a);
-    if (variant == "82") return set_staged_step<F, T, 8, 2>(l, a);
-    if (variant == "83") return set_staged_step<F, T, 8, 3>(l, a);
-    if (variant == "162") return set_staged_step<F, T, 16, 2>(l, a);
-    if (variant == "24") return set_staged_step<F, T, 2, 4>(l, a);
-#else
-  if (staged_fits<F>(a)) {
+  if (staged_fits<F>(a) && !tuning_variant("unstaged")) {
+#if defined(GGML_EXT_TUNING)
+    if (tuning_variant("42")) return set_staged_step<F, T, 4, 2>(l, a);
+    if (tuning_variant("43")) return set_staged_step<F, T, 4, 3>(l, a);
+    if (tuning_variant("82")) return set_staged_step<F, T, 8, 2>(l, a);
+    if (tuning_variant("83")) return set_staged_step<F, T, 8, 3>(l, a);
+    if (tuning_variant("162")) return set_staged_step<F, T, 16, 2>(l, a);
+    if (tuning_variant("24")) return set_staged_step<F, T, 2, 4>(l, a);
 #endif
     if (staged_split<F>(a.n <= kFewRows) == 16) return set_staged_step<F, T, 16, kStagedStages>(l, a);
     return set_staged_step<F, T, 8, kStagedStages>(l, a);
