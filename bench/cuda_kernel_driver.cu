@@ -8,7 +8,8 @@
 //
 // Variant builds: -DGGML_EXT_FRAGMENT_FROM_M=2 routes every format with fragments to the tensor-core kernels from
 // m=2 on (so each is timed at every m); -DGGML_EXT_TUNING lets GGML_EXT_STAGED=<warps><stages> (42, 43, 82, 83,
-// 162, 24) or =unstaged pick the tensor-core kernel's shape at run time (kernels/cuda/matmul_decode.cu).
+// 162, 24) or =unstaged pick the tensor-core kernel's shape at run time, or =dp4a keep the dp4a kernels at every m
+// (kernels/cuda/matmul_decode.cu).
 //
 // Each case cycles through enough copies of the weight (>= 256 MB together) that every product reads its weight
 // from DRAM, not from the 50 MB L2, as a model's layers would. Times are CUDA-event times of 200 products in a
@@ -219,8 +220,8 @@ int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "--check") == 0) return check_all();
   const std::string filter = argc > 1 ? argv[1] : "";
   const int iters = 200;
-  const char* bench_types[] = {"Q4_0", "Q4_K", "Q6_K", "Q8_0", "Q4_1", "Q5_K", "IQ4_XS"};
-  const int ms[] = {1, 2, 4, 5, 6, 8};
+  const char* bench_types[] = {"Q4_0", "Q4_K", "Q6_K", "Q8_0", "Q4_1", "Q5_K", "IQ4_XS", "Q3_K", "Q2_K"};
+  const int ms[] = {1, 2, 3, 4, 5, 6, 8};
   const int64_t shapes[][2] = {{14336, 4096}, {4096, 14336}};
   Timer timer;
   unsigned* sink;

@@ -378,6 +378,17 @@ def test_decode_broadcasting(kernels, t, m):
     assert_no_less_accurate_than_ggml(got, exact, theirs, "broadcast")
 
 
+@pytest.mark.parametrize("t, k", [(GGMLType.Q6_K, 2048), (GGMLType.Q3_K, 2048), (GGMLType.Q2_K, 1024),
+                                  (GGMLType.Q2_K, 3072)], ids=str)
+@pytest.mark.parametrize("m", [4, 8])
+def test_decode_per_half_staged(kernels, t, k, m):
+    """The formats with a scale per 16 elements on the staged tensor-core kernel (rows on 16-byte boundaries at
+    these K): two m16n8k16 products per x-block, and chunks of one block (210, 110, 84 bytes) that start inside a
+    16-byte word, so each chunk is read at its own offset into the stage."""
+    got, exact, theirs = decode_case(kernels, t, F16, m, k, n=24, out_f32=True)
+    assert_no_less_accurate_than_ggml(got, exact, theirs, "per-16 staged", k)
+
+
 @pytest.mark.parametrize("t, offset", [(GGMLType.Q4_0, 2), (GGMLType.Q8_0, 2), (GGMLType.MXFP4, 1),
                                        (GGMLType.Q4_K, 4), (GGMLType.Q5_K, 4), (GGMLType.Q5_K, 2)], ids=str)
 def test_decode_unaligned_rows(kernels, t, offset):
@@ -400,12 +411,14 @@ def test_decode_unaligned_rows(kernels, t, offset):
     assert_no_less_accurate_than_ggml(y, exact, ggml_scheme(x.astype(np.float64), t) @ dense.T, "unaligned")
 
 
-@pytest.mark.parametrize("t, m", [(GGMLType.Q4_0, 1), (GGMLType.Q4_K, 1), (GGMLType.Q4_0, 8), (GGMLType.Q5_K, 8),
-                                  (GGMLType.Q8_0, 8), (GGMLType.Q4_0, 4), (GGMLType.Q5_K, 2)], ids=str)
+@pytest.mark.parametrize("t, m", [(GGMLType.Q4_0, 1), (GGMLType.Q4_K, 1), (GGMLType.Q2_K, 1), (GGMLType.Q4_0, 8),
+                                  (GGMLType.Q5_K, 8), (GGMLType.Q8_0, 8), (GGMLType.Q4_0, 4), (GGMLType.Q5_K, 2)],
+                         ids=str)
 def test_decode_many_rows(kernels, t, m):
-    """A weight of more rows than kFewRows (8192): at m=1 a warp per row instead of 2 warps sharing 2; from m=2..5
-    on (by format) the staged tensor-core kernel with 8 warps per 16 rows instead of 16 (Q4_0 takes it from m=4
-    only there, Q5_K from m=2)."""
+    """A weight of more rows than kFewRows (8192): at m=1 the fused kernel (x quantized in each block's shared
+    memory; the emulation reports 2 multiprocessors, so each warp loops over many rows; Q2_K: the code sums of
+    both halves); from m=2..5 on (by format) the staged tensor-core kernel with 8 warps per 16 rows instead of 16
+    (Q4_0 takes it from m=4 only there, Q5_K from m=2)."""
     got, exact, theirs = decode_case(kernels, t, F16, m, 256, n=8195, out_f32=True)
     assert_no_less_accurate_than_ggml(got, exact, theirs, "many rows", 256)
 
@@ -422,6 +435,15 @@ def test_decode_non_finite_x(kernels):
     args = QuantizedMatmulArgs(ptr(x), ptr(w), ptr(y), None, 3, n, k, w.shape[-1], 1, 1, 1, 1, 1, False)
     assert kernels.emulated_quantized_matmul(args, int(t), F32, 0) == 0
     assert np.isfinite(y[0]).all() and np.isnan(y[1]).all() and not np.isfinite(y[2]).any()
+    # One row at a time on a weight of many rows: the fused kernel (x quantized in shared memory) does the same.
+    n = 8195
+    w = reference.random_blocks(rng, t.name, n, k)
+    rows = [np.zeros((1, n), np.float32) for _ in range(3)]
+    for i, yi in enumerate(rows):
+        xi = np.ascontiguousarray(x[i:i + 1])
+        args = QuantizedMatmulArgs(ptr(xi), ptr(w), ptr(yi), None, 1, n, k, w.shape[-1], 1, 1, 1, 1, 1, False)
+        assert kernels.emulated_quantized_matmul(args, int(t), F32, 0) == 0
+    assert np.isfinite(rows[0]).all() and np.isnan(rows[1]).all() and not np.isfinite(rows[2]).any()
 
 
 @pytest.mark.parametrize("x_type", [F32, F16, BF16], ids=["f32", "f16", "bf16"])

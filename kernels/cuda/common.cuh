@@ -156,6 +156,28 @@ __device__ __forceinline__ void prefetch_l1(const void* p, int bytes) {
 #endif
 }
 
+// Asks for the 128-byte lines of [p, p + bytes) in L2, a warp's lanes taking every 32nd line (a hint).
+__device__ __forceinline__ void prefetch_l2_warp(const void* p, int64_t bytes, int lane) {
+#if !defined(GGML_EXT_CUDA_EMULATION)
+  const uintptr_t first = reinterpret_cast<uintptr_t>(p) & ~uintptr_t(127);
+  for (uintptr_t line = first + 128 * lane; line < reinterpret_cast<uintptr_t>(p) + bytes; line += 128 * 32) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
+  }
+#else
+  (void)p;
+  (void)bytes;
+  (void)lane;
+#endif
+}
+
+// Streaming multiprocessors of the current device (0 if the runtime cannot tell).
+inline int multiprocessor_count() {
+  int device = 0, count = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return 0;
+  if (cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return 0;
+  return count;
+}
+
 inline unsigned ceil_div(int64_t a, int64_t b) { return static_cast<unsigned>((a + b - 1) / b); }
 
 // Calls body with kType bound to the compile-time value of `type`.

@@ -109,11 +109,15 @@ struct Codebook {
 
 // ------------------------------------------------------------------------------------------------ formats
 
-// What one lane holds for one x-block of one weight row.
-struct Sub {
-  uint32_t q[8];  // 32 codes (int8 lanes; unsigned codes below 128 where kZero != 0)
+// The scales of one x-block of one weight row (a, b, and the per-16 integer scales ia/ib of the formula above).
+struct SubScales {
   float a = 0.0f, b = 0.0f;
   int ia0 = 1, ia1 = 1, ib0 = 1, ib1 = 1;
+};
+
+// What one lane holds for one x-block of one weight row.
+struct Sub : SubScales {
+  uint32_t q[8];  // 32 codes (int8 lanes; unsigned codes below 128 where kZero != 0)
 };
 
 struct NoContext {
@@ -139,12 +143,12 @@ __device__ __forceinline__ void load_nibbles(const uint8_t* seg, int offset, con
 
 // What one lane holds for the tensor-core decode (matmul_decode.cu's fragment kernels): of one x-block of one row,
 // the codes of elements 4t..4t+3 (lo) and 16+4t..16+4t+3 (hi), lane t's A-fragment words of an m16n8k32
-// product, with the x-block's a and b as in Sub. In every format with one scale per 32 elements those 8 codes
-// lie in one word of each field (a nibble field's byte j holds elements j and 16 + j; a byte field's words t and
-// 4 + t), so each of a row's four lanes reads only its quarter of the x-block.
-struct Frag {
+// product (or of two m16n8k16 products, one per half, where kPerHalf), with the x-block's scales as in Sub. In
+// every format those 8 codes lie in one word of each field (a nibble field's byte j holds elements j and 16 + j;
+// a byte or bit-plane field's words t and 4 + t), so each of a row's four lanes reads only its quarter of the
+// x-block.
+struct Frag : SubScales {
   uint32_t lo, hi;
-  float a = 0.0f, b = 0.0f;
 };
 
 __device__ __forceinline__ uint32_t sh_word(const uint8_t* base, int offset) {
@@ -163,13 +167,12 @@ __device__ __forceinline__ void nibble_frag(const uint8_t* row, int offset, int 
 }
 
 // Each format: Block, kQK, kBytes, kPerHalf, kZero, kOffset, Context, and
-//   load(ctx, seg, g, sub): x-block g of a staged segment that starts at a block boundary.
+//   load(ctx, seg, g, sub): x-block g of a staged segment that starts at a block boundary;
+//   fragment(ctx, row, g, t, frag): lane t's quarter of x-block g of a 4-byte aligned row, or of a staged chunk
+//   (Frag).
 // 32-element blocks: x-block g is block g. 256-element blocks: block g / 8, sub-block g % 8.
 // Formats whose consecutive x-blocks share bytes also have kGroup and
 //   load_group(ctx, seg, p, subs): x-blocks kGroup * p .. kGroup * p + kGroup - 1, each shared byte read once.
-// Formats with one scale per 32 elements also have
-//   fragment(ctx, row, g, t, frag): lane t's quarter of x-block g of a 4-byte aligned row, or of a staged chunk
-//   that starts at a block boundary (Frag).
 
 struct FmtQ4_0 {
   using Block = block_q4_0;
@@ -449,6 +452,40 @@ struct FmtQ6_K {
     s.ia1 = static_cast<int8_t>(sc >> 8);
     s.a = half_bits(sh_u16(seg, o + offsetof(Block, d)));
   }
+  __device__ static void fragment(const Context&, const uint8_t* row, int g, int t, Frag& f) {
+    const int sb = g & 7, o = (g >> 3) * static_cast<int>(sizeof(Block));
+    const int h = sb >> 2, sub = sb & 3;
+    const int ql = o + offsetof(Block, ql) + 64 * h + 32 * (sub & 1) + 4 * t, qh = o + offsetof(Block, qh) + 32 * h + 4 * t;
+    const unsigned lo_shift = 4u * static_cast<unsigned>(sub >> 1), hi_shift = 2u * static_cast<unsigned>(sub);
+    f.lo = ((sh_word(row, ql) >> lo_shift) & 0x0F0F0F0Fu) | (((sh_word(row, qh) >> hi_shift) & 0x03030303u) << 4);
+    f.hi = ((sh_word(row, ql + 16) >> lo_shift) & 0x0F0F0F0Fu) |
+           (((sh_word(row, qh + 16) >> hi_shift) & 0x03030303u) << 4);
+    const uint32_t sc = sh_u16(row, o + offsetof(Block, scales) + 2 * sb);
+    f.ia0 = static_cast<int8_t>(sc & 0xFFu);
+    f.ia1 = static_cast<int8_t>(sc >> 8);
+    f.a = half_bits(sh_u16(row, o + offsetof(Block, d)));
+  }
+  // x-blocks 4q .. 4q + 3 (half h = q & 1 of block q / 2): each ql and qh word and the scales read once.
+  static constexpr int kFragGroup = 4;
+  __device__ static void fragment_group(const Context&, const uint8_t* row, int q, int t, Frag (&f)[kFragGroup]) {
+    const int h = q & 1, o = (q >> 1) * static_cast<int>(sizeof(Block));
+    const int ql = o + offsetof(Block, ql) + 64 * h + 4 * t, qh = o + offsetof(Block, qh) + 32 * h + 4 * t;
+    const uint32_t lows[4] = {sh_word(row, ql), sh_word(row, ql + 16), sh_word(row, ql + 32), sh_word(row, ql + 48)};
+    const uint32_t high_lo = sh_word(row, qh), high_hi = sh_word(row, qh + 16);
+    uint32_t sc[2];  // the int8 scales of chunks 8h .. 8h + 7
+    sh_words(row, o + offsetof(Block, scales) + 8 * h, sc);
+    const float d = half_bits(sh_u16(row, o + offsetof(Block, d)));
+#pragma unroll
+    for (int sub = 0; sub < 4; ++sub) {
+      const unsigned lo_shift = 4u * (sub >> 1), hi_shift = 2u * sub;
+      f[sub].lo = ((lows[2 * (sub & 1)] >> lo_shift) & 0x0F0F0F0Fu) | (((high_lo >> hi_shift) & 0x03030303u) << 4);
+      f[sub].hi = ((lows[2 * (sub & 1) + 1] >> lo_shift) & 0x0F0F0F0Fu) | (((high_hi >> hi_shift) & 0x03030303u) << 4);
+      const uint32_t pair = sc[sub >> 1] >> (16 * (sub & 1));
+      f[sub].ia0 = static_cast<int8_t>(pair & 0xFFu);
+      f[sub].ia1 = static_cast<int8_t>((pair >> 8) & 0xFFu);
+      f[sub].a = d;
+    }
+  }
 };
 
 // Q3_K: low 2 bits as Q2_K, the third from bit sb of hmask[l]; minus 4; a signed 6-bit scale per 16.
@@ -471,6 +508,39 @@ struct FmtQ3_K {
     s.ia1 = ggml_ext_q3k_scale(sc, 2 * sb + 1);
     s.a = half_bits(sh_u16(seg, o + offsetof(Block, d)));
   }
+  __device__ static void fragment(const Context&, const uint8_t* row, int g, int t, Frag& f) {
+    const int sb = g & 7, o = (g >> 3) * static_cast<int>(sizeof(Block));
+    const int q = o + offsetof(Block, qs) + 32 * (sb >> 2) + 4 * t, m = o + offsetof(Block, hmask) + 4 * t;
+    const unsigned shift = 2u * static_cast<unsigned>(sb & 3);
+    PackedBytes<3> sc;
+    sh_words(row, o + offsetof(Block, scales), sc.w);
+    f.lo = ((sh_word(row, q) >> shift) & 0x03030303u) | (((sh_word(row, m) >> sb) & 0x01010101u) << 2);
+    f.hi = ((sh_word(row, q + 16) >> shift) & 0x03030303u) | (((sh_word(row, m + 16) >> sb) & 0x01010101u) << 2);
+    f.ia0 = ggml_ext_q3k_scale(sc, 2 * sb);
+    f.ia1 = ggml_ext_q3k_scale(sc, 2 * sb + 1);
+    f.a = half_bits(sh_u16(row, o + offsetof(Block, d)));
+  }
+  // x-blocks 4q .. 4q + 3 (half h = q & 1 of block q / 2): their shared qs and hmask words and the scales read once.
+  static constexpr int kFragGroup = 4;
+  __device__ static void fragment_group(const Context&, const uint8_t* row, int q, int t, Frag (&f)[kFragGroup]) {
+    const int h = q & 1, o = (q >> 1) * static_cast<int>(sizeof(Block));
+    const int qs = o + offsetof(Block, qs) + 32 * h + 4 * t, m = o + offsetof(Block, hmask) + 4 * t;
+    const uint32_t q_lo = sh_word(row, qs), q_hi = sh_word(row, qs + 16);
+    const uint32_t m_lo = sh_word(row, m), m_hi = sh_word(row, m + 16);
+    PackedBytes<3> sc;
+    sh_words(row, o + offsetof(Block, scales), sc.w);
+    const float d = half_bits(sh_u16(row, o + offsetof(Block, d)));
+#pragma unroll
+    for (int sub = 0; sub < 4; ++sub) {
+      const int sb = 4 * h + sub;
+      const unsigned shift = 2u * sub;
+      f[sub].lo = ((q_lo >> shift) & 0x03030303u) | (((m_lo >> sb) & 0x01010101u) << 2);
+      f[sub].hi = ((q_hi >> shift) & 0x03030303u) | (((m_hi >> sb) & 0x01010101u) << 2);
+      f[sub].ia0 = ggml_ext_q3k_scale(sc, 2 * sb);
+      f[sub].ia1 = ggml_ext_q3k_scale(sc, 2 * sb + 1);
+      f[sub].a = d;
+    }
+  }
 };
 
 // Q2_K: (qs[32h + l] >> 2s) & 3 in half h = sb / 4, s = sb % 4; per 16 elements a 4-bit scale and min.
@@ -485,13 +555,39 @@ struct FmtQ2_K {
     sh_words(seg, o + offsetof(Block, qs) + 32 * (sb >> 2), s.q);
 #pragma unroll
     for (int i = 0; i < 8; ++i) s.q[i] = (s.q[i] >> shift) & 0x03030303u;
-    const uint32_t sc = sh_u16(seg, o + offsetof(Block, scales) + 2 * sb);  // the chunks 2sb, 2sb + 1
+    q2_scales(seg, o, sb, s);
+  }
+  __device__ static void fragment(const Context&, const uint8_t* row, int g, int t, Frag& f) {
+    const int sb = g & 7, o = (g >> 3) * static_cast<int>(sizeof(Block));
+    const int q = o + offsetof(Block, qs) + 32 * (sb >> 2) + 4 * t;
+    const unsigned shift = 2u * static_cast<unsigned>(sb & 3);
+    f.lo = (sh_word(row, q) >> shift) & 0x03030303u;
+    f.hi = (sh_word(row, q + 16) >> shift) & 0x03030303u;
+    q2_scales(row, o, sb, f);
+  }
+  // x-blocks 4q .. 4q + 3 (half h = q & 1 of block q / 2): their shared qs words read once.
+  static constexpr int kFragGroup = 4;
+  __device__ static void fragment_group(const Context&, const uint8_t* row, int q, int t, Frag (&f)[kFragGroup]) {
+    const int h = q & 1, o = (q >> 1) * static_cast<int>(sizeof(Block));
+    const int qs = o + offsetof(Block, qs) + 32 * h + 4 * t;
+    const uint32_t q_lo = sh_word(row, qs), q_hi = sh_word(row, qs + 16);
+#pragma unroll
+    for (int sub = 0; sub < 4; ++sub) {
+      const unsigned shift = 2u * sub;
+      f[sub].lo = (q_lo >> shift) & 0x03030303u;
+      f[sub].hi = (q_hi >> shift) & 0x03030303u;
+      q2_scales(row, o, 4 * h + sub, f[sub]);
+    }
+  }
+  // Sub-block sb's two 4-bit scales and mins (the chunks 2sb, 2sb + 1), d and -dmin.
+  __device__ static void q2_scales(const uint8_t* row, int o, int sb, SubScales& s) {
+    const uint32_t sc = sh_u16(row, o + offsetof(Block, scales) + 2 * sb);
     s.ia0 = static_cast<int>(sc & 0xFu);
     s.ib0 = static_cast<int>((sc >> 4) & 0xFu);
     s.ia1 = static_cast<int>((sc >> 8) & 0xFu);
     s.ib1 = static_cast<int>((sc >> 12) & 0xFu);
-    s.a = half_bits(sh_u16(seg, o + offsetof(Block, d)));
-    s.b = -half_bits(sh_u16(seg, o + offsetof(Block, dmin)));
+    s.a = half_bits(sh_u16(row, o + offsetof(Block, d)));
+    s.b = -half_bits(sh_u16(row, o + offsetof(Block, dmin)));
   }
 };
 
@@ -535,10 +631,26 @@ constexpr int group_of() {
   }
 }
 
-// Whether a format has fragment (the tensor-core decode's reader).
+// kFragGroup of a format (fragment_group: kFragGroup x-blocks' fragments at once, shared words read once), else 1.
 template <class F>
-constexpr bool has_fragment() {
-  return requires(const typename F::Context& c, const uint8_t* row, Frag& f) { F::fragment(c, row, 0, 0, f); };
+constexpr int fragment_group_of() {
+  if constexpr (requires { F::kFragGroup; }) {
+    return F::kFragGroup;
+  } else {
+    return 1;
+  }
+}
+
+// Lane t's fragments of x-blocks kG * q .. kG * q + kG - 1 (kG: 1 or the format's kFragGroup).
+template <class F, int kG>
+__device__ __forceinline__ void load_fragments(const typename F::Context& ctx, const uint8_t* row, int q, int t,
+                                               Frag (&f)[kG]) {
+  if constexpr (kG == 1) {
+    F::fragment(ctx, row, q, t, f[0]);
+  } else {
+    static_assert(kG == fragment_group_of<F>(), "a format's own fragment group");
+    F::fragment_group(ctx, row, q, t, f);
+  }
 }
 
 // x-blocks kG * p .. kG * p + kG - 1 (kG: 1 or the format's kGroup).
@@ -572,6 +684,20 @@ __device__ __forceinline__ float scaled_dot(int dot, float a, float b, float dx,
   return r;
 }
 
+// The same for a sub-block with a scale per 16 elements (kPerHalf), from the integer dots of its halves.
+template <class F>
+__device__ __forceinline__ float scaled_half_dots(int i0, int i1, const SubScales& w, float dx, int s0, int s1) {
+  static_assert(F::kPerHalf, "an integer scale per 16 elements");
+  if constexpr (F::kZero != 0) {
+    i0 -= F::kZero * s0;
+    i1 -= F::kZero * s1;
+  }
+  float r = (w.a * dx) * static_cast<float>(w.ia0 * i0 + w.ia1 * i1);
+  if constexpr (F::kOffset == 1) r += w.b * (dx * static_cast<float>(s0 + s1));
+  if constexpr (F::kOffset == 2) r += (w.b * dx) * static_cast<float>(w.ib0 * s0 + w.ib1 * s1);
+  return r;
+}
+
 template <class F>
 __device__ __forceinline__ float sub_dot(const Sub& w, const XBlock& x) {
   const uint32_t xq[8] = {x.lo.x, x.lo.y, x.lo.z, x.lo.w, x.hi.x, x.hi.y, x.hi.z, x.hi.w};
@@ -590,14 +716,7 @@ __device__ __forceinline__ float sub_dot(const Sub& w, const XBlock& x) {
       i0 = __dp4a(static_cast<int>(w.q[i]), static_cast<int>(xq[i]), i0);
       i1 = __dp4a(static_cast<int>(w.q[4 + i]), static_cast<int>(xq[4 + i]), i1);
     }
-    if constexpr (F::kZero != 0) {
-      i0 -= F::kZero * x.s0;
-      i1 -= F::kZero * x.s1;
-    }
-    float r = (w.a * x.d) * static_cast<float>(w.ia0 * i0 + w.ia1 * i1);
-    if constexpr (F::kOffset == 1) r += w.b * (x.d * static_cast<float>(x.s0 + x.s1));
-    if constexpr (F::kOffset == 2) r += (w.b * x.d) * static_cast<float>(w.ib0 * x.s0 + w.ib1 * x.s1);
-    return r;
+    return scaled_half_dots<F>(i0, i1, w, x.d, x.s0, x.s1);
   }
 }
 

@@ -20,11 +20,14 @@
 // and the offset terms use d * sum(codes) as ggml's Q8_1 does, so the result is never less accurate than
 // ggml's own scheme.
 //
-// From 2..7 rows of x on (fragment_min_m, by format and kernel), formats with one scale per 32 elements take the
-// tensor cores instead: x's codes (stored by x-block) are the 8 columns of an int8 m16n8k32 product, and each lane
-// reads its A-fragment words of the weight from shared memory, where the warp copied its chunks of 16 rows with
-// cp.async (decode_staged_fragment_kernel, rows on 16-byte boundaries), else straight from global memory
-// (decode_fragment_kernel).
+// One row of x on a weight of many rows (decode_fused_kernel): one step, each block quantizing x into its own
+// shared memory first, its warps then taking rows in turn as the direct kernel's do.
+//
+// From 2..7 rows of x on (fragment_min_m, by format and kernel), most formats take the tensor cores instead: x's
+// codes (stored by x-block) are the 8 columns of an int8 m16n8k32 product (two m16n8k16 products, one per
+// 16-element half, for the formats with a scale per 16), and each lane reads its A-fragment words of the weight
+// from shared memory, where the warp copied its chunks of 16 rows with cp.async (decode_staged_fragment_kernel,
+// rows on 16-byte boundaries), else straight from global memory (decode_fragment_kernel).
 //
 // Float weights (F32/F16/BF16) keep the float kernel (decode_float_kernel): a warp per row, 16-element chunks.
 #include <type_traits>
@@ -55,6 +58,13 @@ __host__ __device__ inline int64_t records_offset(const QuantizedMatmulArgs& a) 
 
 __device__ __forceinline__ float nan_max(float a, float b) { return (b > a || b != b) ? b : a; }  // NaN wins
 
+// An x-block's scale from its largest magnitude, and the factor that turns its elements into codes (0 where the
+// scale is 0, NaN or infinite: the codes are 0 and the products keep the scale's NaN or infinity).
+struct XScale {
+  float d, inv;
+  __device__ explicit XScale(float amax) : d(amax / 127.0f), inv(d > 0.0f && d <= 3.402823466e38f ? 1.0f / d : 0.0f) {}
+};
+
 // kByBlock: the codes and records of batch z ordered by x-block, then row of x (for decode_fragment_kernel, whose
 // lanes read one x-block of every row of x at once); else by row of x, then x-block (the dp4a kernels, whose
 // lanes read consecutive x-blocks of one row).
@@ -80,13 +90,12 @@ __global__ void __launch_bounds__(kQuantizeThreads) quantize_x_kernel(QuantizedM
   for (int j = 0; j < 4; ++j) amax = nan_max(amax, fabsf(v[j]));
 #pragma unroll
   for (int offset = 1; offset < 8; offset <<= 1) amax = nan_max(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
-  const float d = amax / 127.0f;
-  const float inv = d > 0.0f && d <= 3.402823466e38f ? 1.0f / d : 0.0f;  // 0 for NaN/inf: the result stays so
+  const XScale scale(amax);
   uint32_t packed = 0;
   int sum = 0;
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
-    const int q = static_cast<int>(roundf(v[j] * inv));  // |q| <= 127
+    const int q = static_cast<int>(roundf(v[j] * scale.inv));  // |q| <= 127
     sum += q;
     packed |= (static_cast<uint32_t>(q) & 0xFFu) << (8 * j);
   }
@@ -106,7 +115,7 @@ __global__ void __launch_bounds__(kQuantizeThreads) quantize_x_kernel(QuantizedM
   reinterpret_cast<uint32_t*>(ws + slot * 32)[part] = packed;
   if (part == 0) {
     const int s0 = static_cast<int>(half), s1 = static_cast<int>(other);
-    reinterpret_cast<XRecord*>(ws + records_offset(a))[slot] = XRecord{d, (s0 & 0xFFFF) | (s1 << 16)};
+    reinterpret_cast<XRecord*>(ws + records_offset(a))[slot] = XRecord{scale.d, (s0 & 0xFFFF) | (s1 << 16)};
   }
 }
 
@@ -245,27 +254,50 @@ __device__ __forceinline__ const XRecord* x_records(const QuantizedMatmulArgs& a
          z * a.m * (a.k / 32);
 }
 
+// Where the dp4a kernels read x's quantized blocks: step 0's workspace (row i of x's codes and records) ...
+struct GlobalX {
+  const uint8_t* codes;
+  const XRecord* records;
+  int64_t k;
+  __device__ __forceinline__ decode::XBlock get(int i, int64_t xb) const {
+    return load_x(codes + i * k, records + i * (k / 32), xb);
+  }
+};
+// ... or the fused kernel's shared memory (one row of x): the codes of elements 0..15 of every x-block in one
+// plane and of 16..31 in another (lanes reading consecutive x-blocks hit distinct banks), then the records.
+struct SharedX {
+  const uint4* lo;
+  const uint4* hi;
+  const XRecord* records;
+  __device__ __forceinline__ decode::XBlock get(int, int64_t xb) const {
+    decode::XBlock x;
+    x.lo = lo[xb];
+    x.hi = hi[xb];
+    unpack_record(reinterpret_cast<const int2*>(records)[xb], x.d, x.s0, x.s1);
+    return x;
+  }
+};
+
 // What both dot kernels share: a warp's R weight rows (rows past n read the last row and store nothing), x's codes
 // and records for its batch, the products of x-blocks with them, and the sums stored at the end.
-template <class F, int MB, int kRows = rows_per_warp<MB>()>
+template <class F, int MB, int kRows = rows_per_warp<MB>(), class X = GlobalX>
 struct WarpDot {
   static constexpr int R = kRows;
   const QuantizedMatmulArgs& a;
   int64_t n0, z, xblocks;
   int m;
   const uint8_t* rows[R];
-  const uint8_t* codes;
-  const XRecord* records;
+  X x;
   const typename F::Context ctx;
   float acc[R][MB] = {};
 
-  __device__ WarpDot(const QuantizedMatmulArgs& args, int64_t first_row)
-      : a(args), n0(first_row), z(blockIdx.y), xblocks(args.k / 32), m(static_cast<int>(args.m)) {
+  __device__ WarpDot(const QuantizedMatmulArgs& args, int64_t first_row, const X& source)
+      : a(args), n0(first_row), z(blockIdx.y), xblocks(args.k / 32), m(static_cast<int>(args.m)), x(source) {
 #pragma unroll
     for (int r = 0; r < R; ++r) rows[r] = weight_row(a, z, n0 + r);
-    codes = x_codes(a, z);
-    records = x_records(a, z);
   }
+  __device__ WarpDot(const QuantizedMatmulArgs& args, int64_t first_row)
+      : WarpDot(args, first_row, GlobalX{x_codes(args, blockIdx.y), x_records(args, blockIdx.y), args.k}) {}
 
   // x-blocks xb0 .. xb0 + kG - 1 of every row, read as group p (of kG x-blocks) of src[r] (the row itself, or
   // its staged segment).
@@ -279,9 +311,9 @@ struct WarpDot {
       if (i < m) {
 #pragma unroll
         for (int t = 0; t < kG; ++t) {
-          const decode::XBlock x = load_x(codes + i * a.k, records + i * xblocks, xb0 + t);
+          const decode::XBlock xq = x.get(i, xb0 + t);
 #pragma unroll
-          for (int r = 0; r < R; ++r) acc[r][i] += decode::sub_dot<F>(w[r][t], x);
+          for (int r = 0; r < R; ++r) acc[r][i] += decode::sub_dot<F>(w[r][t], xq);
         }
       }
     }
@@ -382,6 +414,84 @@ __global__ void __launch_bounds__(warps_per_block<MB>() * 32) decode_dot_kernel(
   dot.template store<T>(lane);
 }
 
+// One row of x in one kernel (decode_fused_kernel; m = 1, rows on 4-byte boundaries, k <= kFusedMaxK): no step 0.
+// Each block quantizes x into its shared memory (SharedX; what quantize_x_kernel computes, a thread per x-block),
+// then its warps take weight rows in turn, as decode_direct_kernel's warps do with one row of x. The grid is at
+// most kFusedBlocksPerSm blocks per multiprocessor, so x is quantized a few hundred times rather than once per
+// 8 rows; each warp asks for its first row in L2 before quantizing, so the weight streams meanwhile.
+// H100 (bench/cuda_kernel_driver.cu, both steps against this one, bench/results/h100-2026-11-25v-*.json),
+// 14336x4096: Q4_0 18.6 us (19.5), Q4_K 17.5 (22.1), Q5_K 20.2 (25.4), Q8_0 27.3 (28.2), IQ4_XS 21.8 (22.7), Q4_1,
+// Q3_K, Q2_K within 3%; Q6_K 27.9 (26.6), so it keeps both steps. On 4096x14336 (one wave of blocks, each
+// quantizing all 14336 elements before its first product) it was slower for every format (Q4_0 21.9 against
+// 18.0, IQ4_XS 28.2 / 20.8): weights of at most kFewRows rows keep both steps. 2 blocks per multiprocessor
+// were slower (Q4_0 22.8 us), 8 no faster (18.8).
+constexpr int kFusedWarps = 8, kFusedBlocksPerSm = 4;
+constexpr int64_t kFusedMaxK = 32768;  // shared memory: 40 bytes per x-block, 40 KB at most
+
+template <typename T>
+__device__ __forceinline__ void quantize_x_to_shared(const T* x, int xblocks, uint4* lo, uint4* hi,
+                                                     XRecord* records) {
+  const bool vector = aligned(x, 4 * sizeof(T));
+#pragma unroll 2
+  for (int xb = threadIdx.x; xb < xblocks; xb += blockDim.x) {
+    const T* src = x + 32 * static_cast<int64_t>(xb);
+    float v[32];
+#pragma unroll
+    for (int j = 0; j < 32; j += 4) {
+      float part[4];
+      if (vector) {
+        load(src + j, part);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) part[e] = to_float(src[j + e]);
+      }
+#pragma unroll
+      for (int e = 0; e < 4; ++e) v[j + e] = part[e];
+    }
+    float amax = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 32; ++j) amax = nan_max(amax, fabsf(v[j]));
+    const XScale scale(amax);
+    uint32_t words[8];
+    int sums[2] = {0, 0};
+#pragma unroll
+    for (int w = 0; w < 8; ++w) {
+      uint32_t packed = 0;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int q = static_cast<int>(roundf(v[4 * w + e] * scale.inv));
+        sums[w / 4] += q;
+        packed |= (static_cast<uint32_t>(q) & 0xFFu) << (8 * e);
+      }
+      words[w] = packed;
+    }
+    lo[xb] = uint4{words[0], words[1], words[2], words[3]};
+    hi[xb] = uint4{words[4], words[5], words[6], words[7]};
+    records[xb] = XRecord{scale.d, (sums[0] & 0xFFFF) | (sums[1] << 16)};
+  }
+}
+
+template <class F, typename T>
+__global__ void __launch_bounds__(kFusedWarps * 32) decode_fused_kernel(QuantizedMatmulArgs a) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, xblocks = static_cast<int>(a.k / 32);
+  const int64_t z = blockIdx.y, warps = static_cast<int64_t>(gridDim.x) * kFusedWarps;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kFusedWarps + warp;
+  if (first < a.n) prefetch_l2_warp(weight_row(a, z, first), a.row_bytes, lane);
+  uint4* planes = dynamic_shared_memory<uint4>();
+  const SharedX x{planes, planes + xblocks, reinterpret_cast<const XRecord*>(planes + 2 * xblocks)};
+  quantize_x_to_shared(static_cast<const T*>(a.x) + z * a.k, xblocks, planes, planes + xblocks,
+                       reinterpret_cast<XRecord*>(planes + 2 * xblocks));
+  __syncthreads();
+  constexpr int kG = lane_group<F, 1>(), kUnroll = 4 / kG;  // four x-blocks' loads in flight per lane
+  const int groups = xblocks / kG;
+  for (int64_t n = first; n < a.n; n += warps) {
+    WarpDot<F, 1, 1, SharedX> dot(a, n, x);
+#pragma unroll kUnroll
+    for (int p = lane; p < groups; p += 32) dot.template add<kG>(dot.rows, p, int64_t{p} * kG);
+    dot.template store<T>(lane);
+  }
+}
+
 // ------------------------------------------------------------------------------------------------ tensor cores
 
 // D = A (16 x 32 int8, row-major) x B (32 x 8 int8, column-major) in int32, one m16n8k32 tensor-core product.
@@ -397,6 +507,18 @@ __device__ __forceinline__ void mma_s8_16x8x32(int (&d)[4], const uint32_t (&a)[
       "{%10, %10, %10, %10};"
       : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "r"(0));
+#endif
+}
+// The same with k = 16: a[0] row g, k 4t..4t+3; a[1] row g + 8; b k 4t..4t+3 of column g; d as above. As the
+// k = 32 product of a and b in its first halves and zeros in its second (the emulation's way).
+__device__ __forceinline__ void mma_s8_16x8x16(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t b) {
+#if defined(GGML_EXT_CUDA_EMULATION)
+  ggml_ext_emulated_mma_s8_16x8x32(d, {a0, a1, 0u, 0u}, {b, 0u});
+#else
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%7, %7, %7, %7};"
+      : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+      : "r"(a0), "r"(a1), "r"(b), "r"(0));
 #endif
 }
 
@@ -421,8 +543,13 @@ constexpr int kFragmentSplitMany = 4, kFragmentSplitFew = 16;  // warps per 16 r
 // 8 on 14336x4096 / 4096x14336 (bench/results/h100-2026-11-25s-staged-fragment.json): the staged kernel beats
 // the dp4a kernels from m = 4 (Q4_0 on many rows; Q4_K; Q5_K on few rows), m = 2 (Q5_K on many rows) or m = 5
 // (the rest of those measured: Q8_0, Q4_1, IQ4_XS, Q4_0 on few rows); formats not measured (Q5_0, Q5_1, IQ4_NL,
-// MXFP4) take it from 5, where it was faster for every measured one. The unstaged kernel's crossings are those of
-// its own measurement (above); formats not measured there from 7.
+// MXFP4) take it from 5, where it was faster for every measured one. The formats with a scale per 16 (two
+// m16n8k16 products per x-block, bench/results/h100-2026-11-25v-*.json, both steps): Q3_K from m=3 (m=8 34.7 / 29.2
+// us against the dp4a kernels' 58.5 / 53.9), Q6_K from m=5 on many rows only (55.7 against 67.8 at m=8 there; on
+// few rows 60.1 against 58.7), Q2_K never (42-46 us at every m against 21-44). They are bound by the issue of their scaling
+// work (ncu: SM throughput 62%, DRAM 11-22%), not by memory. The unstaged kernel's crossings are those of its own
+// measurement (above); formats not measured there from 7, except the per-16 formats (not measured unstaged: their
+// rows on 4-byte boundaries but not on 16 keep the dp4a kernels).
 template <class F>
 constexpr int fragment_min_m(bool few_rows, bool staged) {
   using namespace decode;
@@ -430,11 +557,15 @@ constexpr int fragment_min_m(bool few_rows, bool staged) {
   return GGML_EXT_FRAGMENT_FROM_M;
 #endif
   if (staged) {
+    if constexpr (std::is_same_v<F, FmtQ3_K>) return 3;
+    if constexpr (std::is_same_v<F, FmtQ6_K>) return few_rows ? kDecodeMaxM + 1 : 5;
+    if constexpr (std::is_same_v<F, FmtQ2_K>) return kDecodeMaxM + 1;
     if constexpr (std::is_same_v<F, FmtQ4_K>) return 4;
     if constexpr (std::is_same_v<F, FmtQ5_K>) return few_rows ? 4 : 2;
     if constexpr (std::is_same_v<F, FmtQ4_0>) return few_rows ? 5 : 4;
     return 5;
   }
+  if constexpr (F::kPerHalf) return kDecodeMaxM + 1;
   if constexpr (std::is_same_v<F, FmtQ4_K>) return 5;
   if constexpr (std::is_same_v<F, FmtQ4_0>) return few_rows ? 6 : 5;
   if constexpr (std::is_same_v<F, FmtQ4_1>) return few_rows ? 7 : 5;
@@ -471,20 +602,28 @@ struct FragmentDot {
     const int64_t first = static_cast<int64_t>(xb) * m;  // x-block xb of row 0 of x
     const uint32_t bf[2] = {__ldg(codes + first * 8 + t), __ldg(codes + first * 8 + 4 + t)};
     float dx[2];
-    int sums[2];
+    int s0[2], s1[2];
 #pragma unroll
-    for (int c = 0; c < 2; ++c) {
-      int s0, s1;
-      unpack_record(__ldg(reinterpret_cast<const int2*>(records + first + out_col[c])), dx[c], s0, s1);
-      sums[c] = s0 + s1;
-    }
-    const uint32_t af[4] = {lo.lo, hi.lo, lo.hi, hi.hi};
-    int d[4];
-    mma_s8_16x8x32(d, af, bf);
+    for (int c = 0; c < 2; ++c)
+      unpack_record(__ldg(reinterpret_cast<const int2*>(records + first + out_col[c])), dx[c], s0[c], s1[c]);
+    if constexpr (F::kPerHalf) {  // a scale per 16 elements: the halves' products apart, scaled in integers
+      int d0[4], d1[4];
+      mma_s8_16x8x16(d0, lo.lo, hi.lo, bf[0]);
+      mma_s8_16x8x16(d1, lo.hi, hi.hi, bf[1]);
 #pragma unroll
-    for (int c = 0; c < 2; ++c) {
-      acc[c] += decode::scaled_dot<F>(d[c], lo.a, lo.b, dx[c], sums[c]);
-      acc[2 + c] += decode::scaled_dot<F>(d[2 + c], hi.a, hi.b, dx[c], sums[c]);
+      for (int c = 0; c < 2; ++c) {
+        acc[c] += decode::scaled_half_dots<F>(d0[c], d1[c], lo, dx[c], s0[c], s1[c]);
+        acc[2 + c] += decode::scaled_half_dots<F>(d0[2 + c], d1[2 + c], hi, dx[c], s0[c], s1[c]);
+      }
+    } else {
+      const uint32_t af[4] = {lo.lo, hi.lo, lo.hi, hi.hi};
+      int d[4];
+      mma_s8_16x8x32(d, af, bf);
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        acc[c] += decode::scaled_dot<F>(d[c], lo.a, lo.b, dx[c], s0[c] + s1[c]);
+        acc[2 + c] += decode::scaled_dot<F>(d[2 + c], hi.a, hi.b, dx[c], s0[c] + s1[c]);
+      }
     }
   }
 
@@ -531,12 +670,19 @@ __global__ void __launch_bounds__(kSplit * 32) decode_fragment_kernel(QuantizedM
 // the 8 rows of a read fall in distinct banks). Rows must start on 16-byte boundaries and hold whole chunks.
 template <class F>
 struct StagedChunk {
-  static constexpr int kBlockBytes = static_cast<int>(sizeof(typename F::Block));
-  // x-blocks per chunk: 8 (one 256-element block) unless 8 x-blocks' bytes are not a multiple of 16 (MXFP4, IQ4_XS)
-  static constexpr int kXBlocks = 8 * 32 / F::kQK * kBlockBytes % 16 == 0 ? 8 : 16;
-  static constexpr int kBytes = kXBlocks * 32 / F::kQK * kBlockBytes;
-  static constexpr int kStride = kBytes / 16 % 2 == 1 ? kBytes : kBytes + 16;  // bytes between staged rows
-  static_assert(kBytes % 16 == 0 && kXBlocks * 32 % F::kQK == 0, "chunks of whole blocks, whole 16-byte words");
+  static constexpr int bytes_of(int xblocks) { return xblocks * 32 / F::kQK * static_cast<int>(sizeof(typename F::Block)); }
+  // x-blocks per chunk: 8 (one 256-element block), or 16 where only that makes whole 16-byte words (MXFP4, IQ4_XS).
+  static constexpr int kXBlocks = bytes_of(8) % 16 != 0 && bytes_of(16) % 16 == 0 ? 16 : 8;
+  static constexpr int kBytes = bytes_of(kXBlocks);
+  // Chunks of other sizes (Q6_K's 210 bytes, Q3_K's 110, Q2_K's 84) start `lead` bytes into a 16-byte word (even:
+  // blocks are), so their copies begin at that word; 4 bytes more for sh_words' read of the word after a field.
+  static constexpr bool kLead = kBytes % 16 != 0;
+  static constexpr int kWords = kLead ? (kBytes + 14 + 4 + 15) / 16 : kBytes / 16;  // staged words per row
+  static constexpr int kStride = kWords % 2 == 1 ? 16 * kWords : 16 * kWords + 16;  // bytes between staged rows
+  static_assert(kXBlocks * 32 % F::kQK == 0, "chunks of whole blocks");
+  // Chunk c's bytes in the stage of a row: lead = (c kBytes) % 16 bytes after the start.
+  static __device__ __forceinline__ int first_word(int c) { return c * kBytes / 16; }
+  static __device__ __forceinline__ int words(int c) { return (c * kBytes % 16 + kBytes + 15) / 16; }
 };
 // Warps per 16 rows and chunks in flight per warp. H100 (same measurement as fragment_min_m), m=8, 14336x4096 /
 // 4096x14336, warps x stages 4x2 / 4x3 / 8x2 / 8x3 / 16x2: Q4_0 24.8 / 27.0 / 25.7 / 26.0 / 25.6 and 52.4 / 57.8 /
@@ -544,11 +690,13 @@ struct StagedChunk {
 // 39.2 / 39.3 / 40.7 / 45.1 and 78.7 / 54.8 / 37.7 / 37.9 / 43.2: a weight of few rows (a grid of n / 16 blocks)
 // needs more warps per block to keep enough copies in flight; a third stage never beat 8 warps with two.
 constexpr int kStagedStages = 2;
+// The per-16 formats take 8 warps on few rows too (Q3_K 4096x14336 m=8: 29.3 us against 32.5 with 16).
 template <class F>
 constexpr int staged_split(bool few_rows) {
-  return few_rows && !std::is_same_v<F, decode::FmtQ8_0> ? 16 : 8;
+  return few_rows && !std::is_same_v<F, decode::FmtQ8_0> && !F::kPerHalf ? 16 : 8;
 }
-// Whether the staged kernel can take this weight: rows on 16-byte boundaries, in whole chunks.
+// Whether the staged kernel can take this weight: rows on 16-byte boundaries (so every row's chunk c starts as
+// far into its 16-byte word), in whole chunks.
 template <class F>
 bool staged_fits(const QuantizedMatmulArgs& a) {
   return aligned(a.w, 16) && a.row_bytes % 16 == 0 && a.k / 32 % StagedChunk<F>::kXBlocks == 0;
@@ -557,20 +705,23 @@ bool staged_fits(const QuantizedMatmulArgs& a) {
 template <class F, typename T, int kSplit, int kStages>
 __global__ void __launch_bounds__(kSplit * 32) decode_staged_fragment_kernel(QuantizedMatmulArgs a) {
   using Chunk = StagedChunk<F>;
-  constexpr int kWords = Chunk::kBytes / 16;  // per row and chunk
+  constexpr int kWords = Chunk::kWords;  // per row and chunk, at most
   __shared__ float partial[kSplit][16][8];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
   uint8_t* stages = dynamic_shared_memory<uint8_t>() + warp * kStages * 16 * Chunk::kStride;
   FragmentDot<F> dot(a, lane);
   const int chunks = static_cast<int>(a.k / 32) / Chunk::kXBlocks;
-  // Chunk c of the 16 rows into stage s, one commit group per call (empty past the last chunk).
+  // Chunk c of the 16 rows into stage s (its 16-byte words, Chunk::words of them), one commit group per call
+  // (empty past the last chunk).
   auto issue = [&](int c, int s) {
     if (c < chunks) {
       uint8_t* dst = stages + s * 16 * Chunk::kStride;
+      const int words = Chunk::words(c);
+      const int64_t first = 16 * static_cast<int64_t>(Chunk::first_word(c));
       for (int i = lane; i < 16 * kWords; i += 32) {
         const int r = i / kWords, u = i % kWords;
-        copy_async_16(dst + r * Chunk::kStride + 16 * u,
-                      weight_row(a, dot.z, dot.n0 + r) + static_cast<int64_t>(c) * Chunk::kBytes + 16 * u);
+        if (!Chunk::kLead || u < words)
+          copy_async_16(dst + r * Chunk::kStride + 16 * u, weight_row(a, dot.z, dot.n0 + r) + first + 16 * u);
       }
     }
     copy_async_commit();
@@ -583,13 +734,21 @@ __global__ void __launch_bounds__(kSplit * 32) decode_staged_fragment_kernel(Qua
     issue(c + (kStages - 1) * kSplit, (i + kStages - 1) % kStages);
     copy_async_wait<kStages - 1>();
     __syncwarp();  // every lane's copies of chunk c have landed
+    // Chunks of whole 16-byte words are read as rows of kXBlocks x-blocks (offsets known at compile time). Others
+    // are read as the row itself: the stage as if at the address the row's byte 0 would have (16 first_word(c)
+    // bytes before it, 4-byte aligned), so that the readers find x-block c kXBlocks + j where the row holds it.
     const uint8_t* stage = stages + (i % kStages) * 16 * Chunk::kStride;
+    const int xb0 = c * Chunk::kXBlocks, seen0 = Chunk::kLead ? xb0 : 0;  // x-block j's index for the readers
+    if constexpr (Chunk::kLead) stage -= 16 * Chunk::first_word(c);
+    constexpr int kG = decode::fragment_group_of<F>();
+    static_assert(Chunk::kXBlocks % kG == 0, "whole fragment groups per chunk");
 #pragma unroll
-    for (int j = 0; j < Chunk::kXBlocks; ++j) {
-      decode::Frag lo, hi;  // rows g and g + 8
-      F::fragment(ctx, stage + g * Chunk::kStride, j, t, lo);
-      F::fragment(ctx, stage + (g + 8) * Chunk::kStride, j, t, hi);
-      dot.add(lo, hi, c * Chunk::kXBlocks + j);
+    for (int j = 0; j < Chunk::kXBlocks; j += kG) {
+      decode::Frag lo[kG], hi[kG];  // rows g and g + 8
+      decode::load_fragments<F, kG>(ctx, stage + g * Chunk::kStride, (seen0 + j) / kG, t, lo);
+      decode::load_fragments<F, kG>(ctx, stage + (g + 8) * Chunk::kStride, (seen0 + j) / kG, t, hi);
+#pragma unroll
+      for (int u = 0; u < kG; ++u) dot.add(lo[u], hi[u], xb0 + j + u);
     }
   }
   dot.template store<T, kSplit>(partial, warp, lane);
@@ -667,7 +826,7 @@ void set_staged_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
 }
 
 // bench/cuda_kernel_driver.cu's variant builds (-DGGML_EXT_TUNING): whether GGML_EXT_STAGED names `variant`
-// (<warps><stages> of the staged kernel, or "unstaged"); never in the package's builds.
+// (<warps><stages> of the staged kernel, "unstaged", or "dp4a": no tensor-core kernel); never in the package's builds.
 inline bool tuning_variant(const char* variant) {
 #if defined(GGML_EXT_TUNING)
   const char* v = std::getenv("GGML_EXT_STAGED");
@@ -709,8 +868,8 @@ bool set_dot_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
     l.block = dim3(warps_per_block<MB>() * 32);
     return false;
   }
-  if constexpr (MB > 1 && decode::has_fragment<F>()) {
-    if (a.m >= fragment_min_m<F>(a.n <= kFewRows, staged_fits<F>(a))) {
+  if constexpr (MB > 1) {
+    if (a.m >= fragment_min_m<F>(a.n <= kFewRows, staged_fits<F>(a)) && !tuning_variant("dp4a")) {
       set_fragment_step<F, T>(l, a);
       return true;
     }
@@ -725,9 +884,30 @@ bool set_dot_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
   return false;
 }
 
+// The fused kernel where it applies (one row of x, rows on 4-byte boundaries, x's blocks fit shared memory).
+template <class F, typename T>
+bool set_fused_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
+  const bool words = (reinterpret_cast<uintptr_t>(a.w) | static_cast<uintptr_t>(a.row_bytes)) % 4 == 0;
+  if (a.m != 1 || !words || a.k > kFusedMaxK || a.n <= kFewRows || std::is_same_v<F, decode::FmtQ6_K> ||
+      tuning_variant("twostep"))
+    return false;
+  int per_sm = kFusedBlocksPerSm;
+#if defined(GGML_EXT_TUNING)
+  if (const char* v = std::getenv("GGML_EXT_FUSED_PER_SM")) per_sm = std::atoi(v);
+#endif
+  const int64_t sms = multiprocessor_count(), blocks = ceil_div(a.n, kFusedWarps);
+  l.kernel = reinterpret_cast<const void*>(&decode_fused_kernel<F, T>);
+  l.grid = dim3(static_cast<unsigned>(sms > 0 && blocks > sms * per_sm ? sms * per_sm : blocks),
+                static_cast<unsigned>(a.batches));
+  l.block = dim3(kFusedWarps * 32);
+  l.shared_bytes = static_cast<unsigned>(a.k / 32 * (32 + sizeof(XRecord)));
+  return true;
+}
+
 template <typename T, class F>
 QuantizedMatmulPlan dot_plan(const QuantizedMatmulArgs& a) {
   QuantizedMatmulPlan p;
+  if (set_fused_step<F, T>(p.steps[0], a)) return p;
   KernelLaunch& q = p.steps[0];
   KernelLaunch& d = p.steps[1];
   bool by_block;

@@ -140,3 +140,14 @@ int emulated_quantized_matmul(kc::QuantizedMatmulArgs args, int ggml_type, int x
 }
 
 }  // extern "C"
+
+// The runtime's device queries (common.cuh's multiprocessor_count): two multiprocessors, so that kernels whose
+// grid follows the device's size loop over more rows than one grid covers.
+extern "C" cudaError_t cudaGetDevice(int* device) {
+  *device = 0;
+  return cudaSuccess;
+}
+extern "C" cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int) {
+  *value = attr == cudaDevAttrMultiProcessorCount ? 2 : 0;
+  return cudaSuccess;
+}
