@@ -169,7 +169,8 @@ __device__ __forceinline__ void nibble_frag(const uint8_t* row, int offset, int 
 // Each format: Block, kQK, kBytes, kPerHalf, kZero, kOffset, Context, and
 //   load(ctx, seg, g, sub): x-block g of a staged segment that starts at a block boundary;
 //   fragment(ctx, row, g, t, frag): lane t's quarter of x-block g of a 4-byte aligned row, or of a staged chunk
-//   (Frag).
+//   (Frag); the formats with a scale per 16 (Q2_K, Q3_K, Q6_K) have only fragment_group (below), read from staged
+//   chunks only.
 // 32-element blocks: x-block g is block g. 256-element blocks: block g / 8, sub-block g % 8.
 // Formats whose consecutive x-blocks share bytes also have kGroup and
 //   load_group(ctx, seg, p, subs): x-blocks kGroup * p .. kGroup * p + kGroup - 1, each shared byte read once.
@@ -452,19 +453,6 @@ struct FmtQ6_K {
     s.ia1 = static_cast<int8_t>(sc >> 8);
     s.a = half_bits(sh_u16(seg, o + offsetof(Block, d)));
   }
-  __device__ static void fragment(const Context&, const uint8_t* row, int g, int t, Frag& f) {
-    const int sb = g & 7, o = (g >> 3) * static_cast<int>(sizeof(Block));
-    const int h = sb >> 2, sub = sb & 3;
-    const int ql = o + offsetof(Block, ql) + 64 * h + 32 * (sub & 1) + 4 * t, qh = o + offsetof(Block, qh) + 32 * h + 4 * t;
-    const unsigned lo_shift = 4u * static_cast<unsigned>(sub >> 1), hi_shift = 2u * static_cast<unsigned>(sub);
-    f.lo = ((sh_word(row, ql) >> lo_shift) & 0x0F0F0F0Fu) | (((sh_word(row, qh) >> hi_shift) & 0x03030303u) << 4);
-    f.hi = ((sh_word(row, ql + 16) >> lo_shift) & 0x0F0F0F0Fu) |
-           (((sh_word(row, qh + 16) >> hi_shift) & 0x03030303u) << 4);
-    const uint32_t sc = sh_u16(row, o + offsetof(Block, scales) + 2 * sb);
-    f.ia0 = static_cast<int8_t>(sc & 0xFFu);
-    f.ia1 = static_cast<int8_t>(sc >> 8);
-    f.a = half_bits(sh_u16(row, o + offsetof(Block, d)));
-  }
   // x-blocks 4q .. 4q + 3 (half h = q & 1 of block q / 2): each ql and qh word and the scales read once.
   static constexpr int kFragGroup = 4;
   __device__ static void fragment_group(const Context&, const uint8_t* row, int q, int t, Frag (&f)[kFragGroup]) {
@@ -508,18 +496,6 @@ struct FmtQ3_K {
     s.ia1 = ggml_ext_q3k_scale(sc, 2 * sb + 1);
     s.a = half_bits(sh_u16(seg, o + offsetof(Block, d)));
   }
-  __device__ static void fragment(const Context&, const uint8_t* row, int g, int t, Frag& f) {
-    const int sb = g & 7, o = (g >> 3) * static_cast<int>(sizeof(Block));
-    const int q = o + offsetof(Block, qs) + 32 * (sb >> 2) + 4 * t, m = o + offsetof(Block, hmask) + 4 * t;
-    const unsigned shift = 2u * static_cast<unsigned>(sb & 3);
-    PackedBytes<3> sc;
-    sh_words(row, o + offsetof(Block, scales), sc.w);
-    f.lo = ((sh_word(row, q) >> shift) & 0x03030303u) | (((sh_word(row, m) >> sb) & 0x01010101u) << 2);
-    f.hi = ((sh_word(row, q + 16) >> shift) & 0x03030303u) | (((sh_word(row, m + 16) >> sb) & 0x01010101u) << 2);
-    f.ia0 = ggml_ext_q3k_scale(sc, 2 * sb);
-    f.ia1 = ggml_ext_q3k_scale(sc, 2 * sb + 1);
-    f.a = half_bits(sh_u16(row, o + offsetof(Block, d)));
-  }
   // x-blocks 4q .. 4q + 3 (half h = q & 1 of block q / 2): their shared qs and hmask words and the scales read once.
   static constexpr int kFragGroup = 4;
   __device__ static void fragment_group(const Context&, const uint8_t* row, int q, int t, Frag (&f)[kFragGroup]) {
@@ -556,14 +532,6 @@ struct FmtQ2_K {
 #pragma unroll
     for (int i = 0; i < 8; ++i) s.q[i] = (s.q[i] >> shift) & 0x03030303u;
     q2_scales(seg, o, sb, s);
-  }
-  __device__ static void fragment(const Context&, const uint8_t* row, int g, int t, Frag& f) {
-    const int sb = g & 7, o = (g >> 3) * static_cast<int>(sizeof(Block));
-    const int q = o + offsetof(Block, qs) + 32 * (sb >> 2) + 4 * t;
-    const unsigned shift = 2u * static_cast<unsigned>(sb & 3);
-    f.lo = (sh_word(row, q) >> shift) & 0x03030303u;
-    f.hi = (sh_word(row, q + 16) >> shift) & 0x03030303u;
-    q2_scales(row, o, sb, f);
   }
   // x-blocks 4q .. 4q + 3 (half h = q & 1 of block q / 2): their shared qs words read once.
   static constexpr int kFragGroup = 4;

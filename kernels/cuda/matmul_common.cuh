@@ -11,6 +11,11 @@ QuantizedMatmulPlan decode_plan(const QuantizedMatmulArgs& args, int ggml_type, 
 // Tiles: any m, forward or transposed.
 QuantizedMatmulPlan tiles_plan(const QuantizedMatmulArgs& args, int ggml_type, FloatType x_type, bool transpose);
 
+// Whether every weight row starts on a `bytes`-byte boundary (the base and the row length are multiples of it).
+inline bool rows_aligned(const QuantizedMatmulArgs& a, int bytes) {
+  return aligned(a.w, bytes) && a.row_bytes % bytes == 0;
+}
+
 __device__ inline int64_t weight_batch(const QuantizedMatmulArgs& a, int64_t z) {
   const int64_t b3 = z / a.b2, b2 = z % a.b2;
   return (b3 / a.ratio3) * a.a2 + b2 / a.ratio2;

@@ -63,7 +63,29 @@ __device__ __forceinline__ float nan_max(float a, float b) { return (b > a || b 
 struct XScale {
   float d, inv;
   __device__ explicit XScale(float amax) : d(amax / 127.0f), inv(d > 0.0f && d <= 3.402823466e38f ? 1.0f / d : 0.0f) {}
+  // Four elements' codes (rounded half away from zero, |q| <= 127) as one word, their sum added to `sum`.
+  __device__ __forceinline__ uint32_t pack(const float* v, int& sum) const {
+    uint32_t packed = 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int q = static_cast<int>(roundf(v[j] * inv));
+      sum += q;
+      packed |= (static_cast<uint32_t>(q) & 0xFFu) << (8 * j);
+    }
+    return packed;
+  }
 };
+
+// Four elements of x as floats: one load where x's rows are aligned to them (`vector`), else one at a time.
+template <typename T>
+__device__ __forceinline__ void load_x4(const T* src, bool vector, float (&v)[4]) {
+  if (vector) {
+    load(src, v);
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) v[j] = to_float(src[j]);
+}
 
 // kByBlock: the codes and records of batch z ordered by x-block, then row of x (for decode_fragment_kernel, whose
 // lanes read one x-block of every row of x at once); else by row of x, then x-block (the dp4a kernels, whose
@@ -77,28 +99,15 @@ __global__ void __launch_bounds__(kQuantizeThreads) quantize_x_kernel(QuantizedM
   // Rows of x are contiguous and k % 32 == 0: x-block xb is elements [32 xb, 32 xb + 32) of x.
   const T* src = static_cast<const T*>(a.x) + (valid ? xb : 0) * 32 + part * 4;
   float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  if (valid) {
-    if (aligned(a.x, 4 * sizeof(T))) {
-      load(src, v);
-    } else {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) v[j] = to_float(src[j]);
-    }
-  }
+  if (valid) load_x4(src, aligned(a.x, 4 * sizeof(T)), v);
   float amax = 0.0f;
 #pragma unroll
   for (int j = 0; j < 4; ++j) amax = nan_max(amax, fabsf(v[j]));
 #pragma unroll
   for (int offset = 1; offset < 8; offset <<= 1) amax = nan_max(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
   const XScale scale(amax);
-  uint32_t packed = 0;
   int sum = 0;
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const int q = static_cast<int>(roundf(v[j] * scale.inv));  // |q| <= 127
-    sum += q;
-    packed |= (static_cast<uint32_t>(q) & 0xFFu) << (8 * j);
-  }
+  const uint32_t packed = scale.pack(v, sum);
   // Code sums of the halves (parts 0..3 and 4..7): exact in float.
   float half = static_cast<float>(sum);
   half += __shfl_xor_sync(0xffffffffu, half, 1);
@@ -435,36 +444,19 @@ __device__ __forceinline__ void quantize_x_to_shared(const T* x, int xblocks, ui
 #pragma unroll 2
   for (int xb = threadIdx.x; xb < xblocks; xb += blockDim.x) {
     const T* src = x + 32 * static_cast<int64_t>(xb);
-    float v[32];
+    float v[8][4];
 #pragma unroll
-    for (int j = 0; j < 32; j += 4) {
-      float part[4];
-      if (vector) {
-        load(src + j, part);
-      } else {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) part[e] = to_float(src[j + e]);
-      }
-#pragma unroll
-      for (int e = 0; e < 4; ++e) v[j + e] = part[e];
-    }
+    for (int w = 0; w < 8; ++w) load_x4(src + 4 * w, vector, v[w]);
     float amax = 0.0f;
 #pragma unroll
-    for (int j = 0; j < 32; ++j) amax = nan_max(amax, fabsf(v[j]));
+    for (int w = 0; w < 8; ++w)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) amax = nan_max(amax, fabsf(v[w][e]));
     const XScale scale(amax);
     uint32_t words[8];
     int sums[2] = {0, 0};
 #pragma unroll
-    for (int w = 0; w < 8; ++w) {
-      uint32_t packed = 0;
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int q = static_cast<int>(roundf(v[4 * w + e] * scale.inv));
-        sums[w / 4] += q;
-        packed |= (static_cast<uint32_t>(q) & 0xFFu) << (8 * e);
-      }
-      words[w] = packed;
-    }
+    for (int w = 0; w < 8; ++w) words[w] = scale.pack(v[w], sums[w / 4]);
     lo[xb] = uint4{words[0], words[1], words[2], words[3]};
     hi[xb] = uint4{words[4], words[5], words[6], words[7]};
     records[xb] = XRecord{scale.d, (sums[0] & 0xFFFF) | (sums[1] << 16)};
@@ -522,9 +514,9 @@ __device__ __forceinline__ void mma_s8_16x8x16(int (&d)[4], uint32_t a0, uint32_
 #endif
 }
 
-// Decode on tensor cores, unstaged (formats with fragments, rows on 4-byte boundaries but not on 16, or not in
-// whole chunks: decode_staged_fragment_kernel below takes the rest): a block of
-// kSplit warps takes 16 weight rows, each warp every kSplit-th x-block. For an x-block, lane (g, t) reads only
+// Decode on tensor cores, unstaged (the formats with one scale per 32 elements, rows on 4-byte boundaries but not
+// on 16, or not in whole chunks: decode_staged_fragment_kernel below takes the rest): a block of kSplit warps
+// takes 16 weight rows, each warp every kSplit-th x-block. For an x-block, lane (g, t) reads only
 // its A-fragment words of rows g and g + 8 straight from global memory (decode_formats.cuh: Frag: four lanes per
 // row, each a quarter of the x-block's bytes); x, quantized by x-block (quantize_x_kernel<T, true>), gives the B
 // fragment (the rows of x as the 8 columns, clamped to the last row past m: those columns are never stored), and
@@ -546,10 +538,11 @@ constexpr int kFragmentSplitMany = 4, kFragmentSplitFew = 16;  // warps per 16 r
 // MXFP4) take it from 5, where it was faster for every measured one. The formats with a scale per 16 (two
 // m16n8k16 products per x-block, bench/results/h100-2026-11-25v-*.json, both steps): Q3_K from m=3 (m=8 34.7 / 29.2
 // us against the dp4a kernels' 58.5 / 53.9), Q6_K from m=5 on many rows only (55.7 against 67.8 at m=8 there; on
-// few rows 60.1 against 58.7), Q2_K never (42-46 us at every m against 21-44). They are bound by the issue of their scaling
-// work (ncu: SM throughput 62%, DRAM 11-22%), not by memory. The unstaged kernel's crossings are those of its own
-// measurement (above); formats not measured there from 7, except the per-16 formats (not measured unstaged: their
-// rows on 4-byte boundaries but not on 16 keep the dp4a kernels).
+// few rows 60.1 against 58.7), Q2_K never (42-46 us at every m against 21-44). They are bound by the issue of
+// their scaling work (ncu: SM throughput 62%, DRAM 11-22%), not by memory. The unstaged kernel's crossings are
+// those of its own measurement (above); formats not measured there from 7. The per-16 formats have fragment
+// readers for staged chunks only (fragment_group): their rows on 4-byte boundaries but not on 16 keep the dp4a
+// kernels.
 template <class F>
 constexpr int fragment_min_m(bool few_rows, bool staged) {
   using namespace decode;
@@ -565,7 +558,6 @@ constexpr int fragment_min_m(bool few_rows, bool staged) {
     if constexpr (std::is_same_v<F, FmtQ4_0>) return few_rows ? 5 : 4;
     return 5;
   }
-  if constexpr (F::kPerHalf) return kDecodeMaxM + 1;
   if constexpr (std::is_same_v<F, FmtQ4_K>) return 5;
   if constexpr (std::is_same_v<F, FmtQ4_0>) return few_rows ? 6 : 5;
   if constexpr (std::is_same_v<F, FmtQ4_1>) return few_rows ? 7 : 5;
@@ -670,7 +662,9 @@ __global__ void __launch_bounds__(kSplit * 32) decode_fragment_kernel(QuantizedM
 // the 8 rows of a read fall in distinct banks). Rows must start on 16-byte boundaries and hold whole chunks.
 template <class F>
 struct StagedChunk {
-  static constexpr int bytes_of(int xblocks) { return xblocks * 32 / F::kQK * static_cast<int>(sizeof(typename F::Block)); }
+  static constexpr int bytes_of(int xblocks) {
+    return xblocks * 32 / F::kQK * static_cast<int>(sizeof(typename F::Block));
+  }
   // x-blocks per chunk: 8 (one 256-element block), or 16 where only that makes whole 16-byte words (MXFP4, IQ4_XS).
   static constexpr int kXBlocks = bytes_of(8) % 16 != 0 && bytes_of(16) % 16 == 0 ? 16 : 8;
   static constexpr int kBytes = bytes_of(kXBlocks);
@@ -699,7 +693,7 @@ constexpr int staged_split(bool few_rows) {
 // far into its 16-byte word), in whole chunks.
 template <class F>
 bool staged_fits(const QuantizedMatmulArgs& a) {
-  return aligned(a.w, 16) && a.row_bytes % 16 == 0 && a.k / 32 % StagedChunk<F>::kXBlocks == 0;
+  return rows_aligned(a, 16) && a.k / 32 % StagedChunk<F>::kXBlocks == 0;
 }
 
 template <class F, typename T, int kSplit, int kStages>
@@ -837,9 +831,10 @@ inline bool tuning_variant(const char* variant) {
 #endif
 }
 
+// The per-16 formats only where staged_fits (set_dot_step): they have no reader for the unstaged kernel.
 template <class F, typename T>
 void set_fragment_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
-  if (staged_fits<F>(a) && !tuning_variant("unstaged")) {
+  if (F::kPerHalf || (staged_fits<F>(a) && !tuning_variant("unstaged"))) {
 #if defined(GGML_EXT_TUNING)
     if (tuning_variant("42")) return set_staged_step<F, T, 4, 2>(l, a);
     if (tuning_variant("43")) return set_staged_step<F, T, 4, 3>(l, a);
@@ -851,25 +846,27 @@ void set_fragment_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
     if (staged_split<F>(a.n <= kFewRows) == 16) return set_staged_step<F, T, 16, kStagedStages>(l, a);
     return set_staged_step<F, T, 8, kStagedStages>(l, a);
   }
-  const bool few = a.n <= kFewRows;  // more warps per 16 rows, so that the grid keeps enough loads in flight
-  l.kernel = few ? reinterpret_cast<const void*>(&decode_fragment_kernel<F, T, kFragmentSplitFew>)
-                 : reinterpret_cast<const void*>(&decode_fragment_kernel<F, T, kFragmentSplitMany>);
-  l.grid = dim3(ceil_div(a.n, 16), static_cast<unsigned>(a.batches));
-  l.block = dim3((few ? kFragmentSplitFew : kFragmentSplitMany) * 32);
+  if constexpr (!F::kPerHalf) {
+    const bool few = a.n <= kFewRows;  // more warps per 16 rows, so that the grid keeps enough loads in flight
+    l.kernel = few ? reinterpret_cast<const void*>(&decode_fragment_kernel<F, T, kFragmentSplitFew>)
+                   : reinterpret_cast<const void*>(&decode_fragment_kernel<F, T, kFragmentSplitMany>);
+    l.grid = dim3(ceil_div(a.n, 16), static_cast<unsigned>(a.batches));
+    l.block = dim3((few ? kFragmentSplitFew : kFragmentSplitMany) * 32);
+  }
 }
 
 // Returns whether the step reads x by x-block (quantize_x_kernel's kByBlock).
 template <class F, int MB, typename T>
 bool set_dot_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
-  const bool words = (reinterpret_cast<uintptr_t>(a.w) | static_cast<uintptr_t>(a.row_bytes)) % 4 == 0;
-  if (!words) {
+  if (!rows_aligned(a, 4)) {
     l.kernel = reinterpret_cast<const void*>(&decode_dot_kernel<F, MB, T>);
     l.grid = dim3(ceil_div(a.n, rows_per_warp<MB>() * warps_per_block<MB>()), static_cast<unsigned>(a.batches));
     l.block = dim3(warps_per_block<MB>() * 32);
     return false;
   }
   if constexpr (MB > 1) {
-    if (a.m >= fragment_min_m<F>(a.n <= kFewRows, staged_fits<F>(a)) && !tuning_variant("dp4a")) {
+    const bool staged = staged_fits<F>(a);
+    if ((staged || !F::kPerHalf) && a.m >= fragment_min_m<F>(a.n <= kFewRows, staged) && !tuning_variant("dp4a")) {
       set_fragment_step<F, T>(l, a);
       return true;
     }
@@ -887,8 +884,7 @@ bool set_dot_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
 // The fused kernel where it applies (one row of x, rows on 4-byte boundaries, x's blocks fit shared memory).
 template <class F, typename T>
 bool set_fused_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
-  const bool words = (reinterpret_cast<uintptr_t>(a.w) | static_cast<uintptr_t>(a.row_bytes)) % 4 == 0;
-  if (a.m != 1 || !words || a.k > kFusedMaxK || a.n <= kFewRows || std::is_same_v<F, decode::FmtQ6_K> ||
+  if (a.m != 1 || !rows_aligned(a, 4) || a.k > kFusedMaxK || a.n <= kFewRows || std::is_same_v<F, decode::FmtQ6_K> ||
       tuning_variant("twostep"))
     return false;
   int per_sm = kFusedBlocksPerSm;

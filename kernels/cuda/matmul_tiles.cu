@@ -381,7 +381,7 @@ QuantizedMatmulPlan tc_plan(const QuantizedMatmulArgs& a, bool transpose) {
 // words and never past a row whose length is a multiple of 4); else the reference decoder.
 template <typename T>
 QuantizedMatmulPlan tc_plan_for(const QuantizedMatmulArgs& a, int type, bool transpose) {
-  const bool words = (reinterpret_cast<uintptr_t>(a.w) | static_cast<uintptr_t>(a.row_bytes)) % 4 == 0;
+  const bool words = rows_aligned(a, 4);
   switch (type) {
 #define GGML_EXT_TC_CASE(NAME, name, id, qk, bytes)                                         \
   case GGML_EXT_TYPE_##NAME:                                                               \
