@@ -65,16 +65,48 @@ def all_cases():
         for t in (GGMLType.Q4_0, GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0):
             blocks = mx.array(reference.random_blocks(rng, t.name, n, k))
             mx.eval(blocks)
-            for m in (1, 2, 3, 4, 5, 6, 8, 512):  # 3, 5, 6: where the decode routing changes
+            # 3, 5, 6: where the decode routing changes; from 16 rows on both prefill routes (the default
+            # MLX_GGML_EXT_CUDA_DENSE_ROWS, and "blocks": the primitive's tiles on the blocks)
+            for m in (1, 2, 3, 4, 5, 6, 8, 16, 32, 64, 128, 256, 512):
                 xm = mx.random.normal((m, k)).astype(mx.float16)
                 mx.eval(xm)
                 moved = blocks.nbytes if m <= 8 else 2 * m * n * k  # bytes, or flops for prefill
                 out.append((f"{t.name} {n}x{k} m={m}", moved,
                             lambda xm=xm, blocks=blocks, t=t: ops.quantized_matmul(xm, blocks, t)))
+                if m > 8:
+                    out.append((f"{t.name} {n}x{k} m={m} blocks", moved,
+                                lambda xm=xm, blocks=blocks, t=t: with_dense_rows(
+                                    "0", lambda: ops.quantized_matmul(xm, blocks, t))))
+            if t == GGMLType.Q4_K:  # x's gradient (the transposed product) at 512 rows, both routes
+                g = mx.random.normal((512, n)).astype(mx.float16)
+                x512 = mx.random.normal((512, k)).astype(mx.float16)
+                mx.eval(g, x512)
+                for route, rows in (("", None), (" blocks", "0")):
+                    out.append((f"{t.name} {n}x{k} m=512 x_grad{route}", 2 * 512 * n * k,
+                                lambda g=g, x512=x512, blocks=blocks, t=t, rows=rows: with_dense_rows(
+                                    rows, lambda: mx.vjp(lambda v: ops.quantized_matmul(v, blocks, t),
+                                                         [x512], [g])[1][0])))
         x512 = mx.random.normal((512, k)).astype(mx.float16)
         mx.eval(x512)
         out.append((f"mlx fp16 matmul {n}x{k} m=512", 2 * 512 * n * k, lambda x512=x512, w16=w16: x512 @ w16.T))
     return out
+
+
+def with_dense_rows(rows, build):
+    """The graph `build` makes with MLX_GGML_EXT_CUDA_DENSE_ROWS set to `rows` (None: as the environment has it);
+    the route is chosen when the graph is built."""
+    import os
+
+    saved = os.environ.get("MLX_GGML_EXT_CUDA_DENSE_ROWS")
+    if rows is not None:
+        os.environ["MLX_GGML_EXT_CUDA_DENSE_ROWS"] = rows
+    try:
+        return build()
+    finally:
+        if saved is None:
+            os.environ.pop("MLX_GGML_EXT_CUDA_DENSE_ROWS", None)
+        else:
+            os.environ["MLX_GGML_EXT_CUDA_DENSE_ROWS"] = saved
 
 
 MARK = re.compile(r"scan", re.IGNORECASE)
@@ -115,6 +147,8 @@ def run_cases():
         print(f"profiled: {name}", file=sys.stderr, flush=True)
 
 
+PREFILL = re.compile(r"m=(\d{2,})")  # more than 8 rows: flops, not bytes
+
 SCALE = {"ns": 1, "us": 1e3, "usecond": 1e3, "ms": 1e6, "msecond": 1e6, "nsecond": 1,
          "byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9}
 
@@ -148,7 +182,7 @@ def parse(path):
         nbytes = sum(g[2] for g in group)
         rec = {"bench": "kernel_time", "case": name, "kernels": [g[0][:80] for g in group], "gpu_us": ns / 1e3,
                "dram_gbs": nbytes / ns if ns else None}
-        if "m=512" in name:
+        if PREFILL.search(name):
             rec["tflops"] = moved / ns / 1e3 if ns else None
         else:
             rec["required_bytes_gbs"] = moved / ns if ns else None

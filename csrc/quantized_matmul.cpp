@@ -1,5 +1,10 @@
 #include "csrc/quantized_matmul.h"
 
+#include <algorithm>
+#include <cstdlib>
+#include <limits>
+
+#include "csrc/dequantize.h"
 #include "csrc/ggml_types.h"
 #include "kernels/common/ggml_blocks.h"
 
@@ -15,9 +20,64 @@ int64_t row_elements(int type, int64_t row_bytes) {
   return row_bytes / info.type_size * info.block_size;
 }
 
+// The CUDA dense route: from this many rows of float16/bfloat16 x per weight matrix on (past the decode kernels'
+// 8), the product is our dequantize kernel (the weight in x's dtype: a temporary of N x K elements, freed after
+// the product) followed by MLX's own matmul (cuBLAS), as llama.cpp's cuBLAS path does. The primitive's tensor-core
+// tiles keep float32 x, mul_mat's float32 results and MLX_GGML_EXT_CUDA_DENSE_ROWS=0 (no temporary). H200, ncu
+// kernel times (bench/results/h200-2026-11-25w-kernel-times.json), Q4_0 on 14336x4096 / 4096x14336: m=16 78 / 82
+// us against the tiles' 102 / 353, m=512 142 / 130 against 430 / 495 (MLX's float16 matmul alone: 94 / 82).
+constexpr int64_t kDenseRows = 9;
+
+int64_t dense_rows() {
+  const char* v = std::getenv("MLX_GGML_EXT_CUDA_DENSE_ROWS");
+  if (!v || !*v) return kDenseRows;
+  char* end = nullptr;
+  const long long rows = std::strtoll(v, &end, 10);
+  if (*end != '\0' || rows < 0) {
+    throw std::invalid_argument(cat("[", kOp, "] MLX_GGML_EXT_CUDA_DENSE_ROWS must be a row count (0: never), got '",
+                                    v, "'."));
+  }
+  return rows == 0 ? std::numeric_limits<int64_t>::max() : rows;
+}
+
+// Whether the product of x (rows of K) with the weight w (A3, A2, N, row_bytes) takes the dense route.
+bool takes_dense_route(const mx::array& x, const mx::array& w, mx::Dtype out_dtype, const mx::Stream& stream) {
+#if defined(MLX_GGML_EXT_BACKEND_CUDA)
+  if (stream.device != mx::Device::gpu || out_dtype != x.dtype()) return false;
+  if (x.dtype() != mx::float16 && x.dtype() != mx::bfloat16) return false;
+  const bool one_matrix = w.shape(0) * w.shape(1) == 1;
+  const int64_t rows = one_matrix ? static_cast<int64_t>(x.size()) / std::max(1, x.shape(-1)) : x.shape(2);
+  return rows >= dense_rows();
+#else
+  (void)x, (void)w, (void)out_dtype, (void)stream;
+  return false;
+#endif
+}
+
+// The dense route: x (..., Kx) against one matrix, or x (B3, B2, M, Kx) against w's batches with ggml's
+// broadcasting (b batch i uses a batch i / ratio, so B3 splits as (A3, B3 / A3), and B2 likewise).
+mx::array dense_product(const mx::array& x, const mx::array& w, int type, bool transpose, const mx::Stream& s) {
+  const int64_t A3 = w.shape(0), A2 = w.shape(1), N = w.shape(2);
+  const int K = static_cast<int>(row_elements(type, w.shape(3)));
+  const mx::array deq = dequantize(w, type, {static_cast<int>(A3), static_cast<int>(A2), static_cast<int>(N), K},
+                                   x.dtype(), s);
+  if (A3 * A2 == 1) {
+    const mx::array m = mx::reshape(deq, {static_cast<int>(N), K}, s);
+    return mx::matmul(x, transpose ? m : mx::transpose(m, s), s);
+  }
+  const int B3 = x.shape(0), B2 = x.shape(1), M = x.shape(2), Kx = x.shape(3);
+  const int a3 = static_cast<int>(A3), a2 = static_cast<int>(A2), n = static_cast<int>(N);
+  const auto x6 = mx::reshape(x, {a3, B3 / a3, a2, B2 / a2, M, Kx}, s);
+  auto w6 = mx::reshape(deq, {a3, 1, a2, 1, n, K}, s);
+  if (!transpose) w6 = mx::swapaxes(w6, -1, -2, s);
+  const auto out = mx::matmul(x6, w6, s);
+  return mx::reshape(out, {B3, B2, M, out.shape(-1)}, s);
+}
+
 mx::array product_node(const mx::array& x, const mx::array& w, int type, bool transpose, mx::Dtype out_dtype,
                        mx::StreamOrDevice s) {
   auto stream = mx::to_stream(s);
+  if (takes_dense_route(x, w, out_dtype, stream)) return dense_product(x, w, type, transpose, stream);
   auto prim = std::make_shared<QuantizedMatmul>(stream, type, transpose, out_dtype);
   std::vector<mx::array> inputs = {row_contiguous(x, stream), row_contiguous(w, stream)};
   auto shape = prim->output_shapes(inputs)[0];

@@ -1,5 +1,6 @@
 // Products with a weight stored as ggml blocks, computed on the blocks (the dequantized matrix is never
-// materialized): quantized_matmul (x @ W^T, MLX layout) and mul_mat (ggml's ggml_mul_mat, ggml layout).
+// materialized, but for the CUDA dense route of quantized_matmul.cpp: many rows of half-precision x):
+// quantized_matmul (x @ W^T, MLX layout) and mul_mat (ggml's ggml_mul_mat, ggml layout).
 #pragma once
 #include "csrc/utils.h"
 

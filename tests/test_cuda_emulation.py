@@ -111,11 +111,14 @@ TOL = {F32: 2e-6, F16: 1e-3, BF16: 8e-3}  # harness.TOLERANCES for rms_norm and 
 
 # ----------------------------------------------------------------------------- dequantize
 
+@pytest.mark.parametrize("rows", [5, 37], ids=lambda r: f"{r}rows")
 @pytest.mark.parametrize("t", list(GGMLType), ids=lambda t: t.name)
-def test_dequantize_bit_exact(kernels, t):
-    rng = np.random.default_rng(int(t))
+def test_dequantize_bit_exact(kernels, t, rows):
+    """Every bit of gguf's float32; 37 rows give the block kernel whole warps of chunks (stored through shared
+    memory) and a last partial one."""
+    rng = np.random.default_rng(int(t) + rows)
     k = max(t.block_size, 16) * 3 + (5 if t.is_float else 0)  # float types: a tail past the 4-wide vectors
-    data = rng.integers(0, 256, (5, t.row_bytes(k)), dtype=np.uint8)
+    data = rng.integers(0, 256, (rows, t.row_bytes(k)), dtype=np.uint8)
     with np.errstate(all="ignore"):  # gguf's numpy math on NaN/inf scales
         expected = np.asarray(quants.dequantize(data, gguf.GGMLQuantizationType(int(t))), np.float32).reshape(-1)
     nan = np.isnan(expected)

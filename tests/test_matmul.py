@@ -79,6 +79,37 @@ def test_decode_on_a_weight_of_many_rows(t):
         assert nmse(to_numpy(y), to_numpy(x) @ dense.T) <= QUANT_NMSE, f"m={m}"
 
 
+@pytest.mark.parametrize("dense_rows", ["1", "0"], ids=["dense_route", "blocks_route"])
+@pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16], ids=str)
+@pytest.mark.parametrize("t", ALL_TYPES, ids=lambda t: t.name)
+def test_many_rows_of_half_x_on_either_route(t, dtype, dense_rows, monkeypatch):
+    """Many rows of float16/bfloat16 x. With CUDA, from MLX_GGML_EXT_CUDA_DENSE_ROWS rows on (default 9; 0:
+    never) the product is our dequantize kernel (the weight in x's dtype) followed by MLX's matmul, else the
+    primitive's tensor-core tiles; elsewhere the variable changes nothing. Forward, x's gradient, a batch of
+    weights under vmap, and the weight's (absent) gradient, against float64 math."""
+    monkeypatch.setenv("MLX_GGML_EXT_CUDA_DENSE_ROWS", dense_rows)
+    rng = np.random.default_rng(int(t) + 500)
+    n, k, m = 40, 512, 160
+    pairs = [blocks_and_matrix(rng, t, n, k) for _ in range(2)]
+    data, dense = pairs[0]
+    blocks = mx.array(data)
+    x = random_x(rng, (2, m // 2, k), dtype)
+    y = ops.quantized_matmul(x, GGMLTensor(blocks, t, (n, k)))
+    assert y.dtype == dtype and y.shape == (2, m // 2, n)
+    assert nmse(to_numpy(y), to_numpy(x) @ dense.T) <= tolerance(t, dtype)
+    g = random_x(rng, (2, m // 2, n), dtype)
+    _, (grad,) = mx.vjp(lambda v: ops.quantized_matmul(v, blocks, t), [x], [g])
+    assert grad.dtype == dtype and grad.shape == x.shape
+    assert nmse(to_numpy(grad), to_numpy(g) @ dense) <= tolerance(t, dtype)
+    stacked = mx.array(np.stack([p[0] for p in pairs]))
+    xs = random_x(rng, (2, m, k), dtype)
+    y = mx.vmap(lambda v, w: ops.quantized_matmul(v, w, t))(xs, stacked)
+    expected = np.stack([to_numpy(xs)[i] @ pairs[i][1].T for i in range(2)])
+    assert nmse(to_numpy(y), expected) <= tolerance(t, dtype)
+    with pytest.raises(ValueError, match="raw ggml blocks"):
+        mx.grad(lambda w: ops.quantized_matmul(x, w, t).astype(mx.float32).sum())(blocks)
+
+
 def ggml_activations(x: np.ndarray, t: GGMLType) -> np.ndarray:
     """x as ggml's CPU sees it before its integer dot products: Q8_K (one float scale per 256, -128/max) for
     the K-quants and IQ4_XS, else Q8_0/Q8_1 (per 32, amax/127, the scale stored as float16)."""

@@ -11,13 +11,33 @@ constexpr int kThreads = 256;
 
 template <typename Decoder, typename Out>
 __global__ void __launch_bounds__(kThreads) dequantize_blocks_kernel(DequantizeArgs a) {
-  const int64_t chunk = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (chunk >= a.n_blocks * Decoder::kChunks) return;
-  const auto* block = static_cast<const typename Decoder::Block*>(a.blocks) + chunk / Decoder::kChunks;
+  // A chunk's 16 outputs are 32 or 64 contiguous bytes: a warp stores its 32 chunks through shared memory so
+  // that each 16-byte store instruction writes 512 consecutive bytes (lane by lane a chunk apart, they wrote
+  // partial sectors of 8 lines).
+  constexpr int kWords = 16 * static_cast<int>(sizeof(Out)) / 16;  // 16-byte words per chunk
+  __shared__ uint4 staged[kThreads / 32][32 * kWords];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t total = a.n_blocks * Decoder::kChunks;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + warp * 32;  // the warp's first chunk
+  const int64_t chunk = first + lane;
+  if (first >= total) return;  // the whole warp
   float v[16];
-  Decoder::block_chunk(block, static_cast<int>(chunk % Decoder::kChunks), v);
-  Out* y = static_cast<Out*>(a.y) + chunk * 16;
-  // Four stores of four: 16-byte aligned for float32 output (allocator buffers are).
+  if (chunk < total) {
+    const auto* block = static_cast<const typename Decoder::Block*>(a.blocks) + chunk / Decoder::kChunks;
+    Decoder::block_chunk(block, static_cast<int>(chunk % Decoder::kChunks), v);
+  }
+  if (first + 32 <= total) {
+    Out* mine = reinterpret_cast<Out*>(staged[warp] + lane * kWords);
+#pragma unroll
+    for (int j = 0; j < 16; ++j) mine[j] = from_float<Out>(v[j]);
+    __syncwarp();
+    uint4* y = reinterpret_cast<uint4*>(static_cast<Out*>(a.y) + first * 16);  // 16-byte aligned
+#pragma unroll
+    for (int i = 0; i < kWords; ++i) y[32 * i + lane] = staged[warp][32 * i + lane];
+    return;
+  }
+  if (chunk >= total) return;
+  Out* y = static_cast<Out*>(a.y) + chunk * 16;  // the last warp's chunks: four stores of four each
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
     float part[4] = {v[4 * q], v[4 * q + 1], v[4 * q + 2], v[4 * q + 3]};
