@@ -24,8 +24,8 @@ int64_t row_elements(int type, int64_t row_bytes) {
 // 8), the product is our dequantize kernel (the weight in x's dtype: a temporary of N x K elements, freed after
 // the product) followed by MLX's own matmul (cuBLAS), as llama.cpp's cuBLAS path does. The primitive's tensor-core
 // tiles keep float32 x, mul_mat's float32 results and MLX_GGML_EXT_CUDA_DENSE_ROWS=0 (no temporary). H200, ncu
-// kernel times (bench/results/h200-2026-11-25w-kernel-times.json), Q4_0 on 14336x4096 / 4096x14336: m=16 78 / 82
-// us against the tiles' 102 / 353, m=512 142 / 130 against 430 / 495 (MLX's float16 matmul alone: 94 / 82).
+// kernel times (bench/results/h200-2026-11-25y-kernel-times.json), Q4_0 on 14336x4096 / 4096x14336: m=16 76 / 79
+// us against the tiles' 102 / 351, m=512 139 / 128 against 430 / 477 (MLX's float16 matmul alone: 95 / 83).
 constexpr int64_t kDenseRows = 9;
 
 int64_t dense_rows() {

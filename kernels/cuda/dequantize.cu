@@ -9,35 +9,61 @@ namespace {
 
 constexpr int kThreads = 256;
 
+// Bytes [0, n) of src into dst by a warp's lanes, in words of W bytes (W divides n and both addresses).
+template <typename W>
+__device__ __forceinline__ void warp_copy(uint8_t* dst, const uint8_t* src, int n, int lane) {
+  for (int i = lane; i < n / static_cast<int>(sizeof(W)); i += 32) {
+    reinterpret_cast<W*>(dst)[i] = reinterpret_cast<const W*>(src)[i];
+  }
+}
+
 template <typename Decoder, typename Out>
 __global__ void __launch_bounds__(kThreads) dequantize_blocks_kernel(DequantizeArgs a) {
-  // A chunk's 16 outputs are 32 or 64 contiguous bytes: a warp stores its 32 chunks through shared memory so
-  // that each 16-byte store instruction writes 512 consecutive bytes (lane by lane a chunk apart, they wrote
-  // partial sectors of 8 lines).
-  constexpr int kWords = 16 * static_cast<int>(sizeof(Out)) / 16;  // 16-byte words per chunk
-  __shared__ uint4 staged[kThreads / 32][32 * kWords];
+  // A warp's 32 chunks are whole blocks (kChunks divides 32). The warp copies their bytes to shared memory in the
+  // widest words the address allows (the decoders then read bytes from there, not one global load per byte), and
+  // stores its outputs through shared memory too, so that each 16-byte store instruction writes 512 consecutive
+  // bytes (lane by lane a chunk apart, they wrote partial sectors of 8 lines).
+  using Block = typename Decoder::Block;
+  static_assert(32 % Decoder::kChunks == 0, "a warp's chunks are whole blocks");
+  constexpr int kInBytes = 32 / Decoder::kChunks * static_cast<int>(sizeof(Block));
+  constexpr int kWords = 16 * static_cast<int>(sizeof(Out)) / 16;  // 16-byte words of one chunk's output
+  __shared__ uint4 staged_in[kThreads / 32][(kInBytes + 15) / 16];
+  __shared__ uint4 staged_out[kThreads / 32][32 * kWords];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t total = a.n_blocks * Decoder::kChunks;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + warp * 32;  // the warp's first chunk
   const int64_t chunk = first + lane;
   if (first >= total) return;  // the whole warp
   float v[16];
-  if (chunk < total) {
-    const auto* block = static_cast<const typename Decoder::Block*>(a.blocks) + chunk / Decoder::kChunks;
-    Decoder::block_chunk(block, static_cast<int>(chunk % Decoder::kChunks), v);
-  }
   if (first + 32 <= total) {
-    Out* mine = reinterpret_cast<Out*>(staged[warp] + lane * kWords);
+    const uint8_t* src = static_cast<const uint8_t*>(a.blocks) + first / Decoder::kChunks * sizeof(Block);
+    uint8_t* in = reinterpret_cast<uint8_t*>(staged_in[warp]);
+    const uintptr_t align = reinterpret_cast<uintptr_t>(src) | kInBytes;
+    if (align % 16 == 0) {
+      warp_copy<uint4>(in, src, kInBytes, lane);
+    } else if (align % 4 == 0) {
+      warp_copy<uint32_t>(in, src, kInBytes, lane);
+    } else if (align % 2 == 0) {
+      warp_copy<uint16_t>(in, src, kInBytes, lane);
+    } else {
+      warp_copy<uint8_t>(in, src, kInBytes, lane);
+    }
+    __syncwarp();
+    Decoder::block_chunk(reinterpret_cast<const Block*>(in) + lane / Decoder::kChunks, lane % Decoder::kChunks, v);
+    Out* mine = reinterpret_cast<Out*>(staged_out[warp] + lane * kWords);
 #pragma unroll
     for (int j = 0; j < 16; ++j) mine[j] = from_float<Out>(v[j]);
     __syncwarp();
     uint4* y = reinterpret_cast<uint4*>(static_cast<Out*>(a.y) + first * 16);  // 16-byte aligned
 #pragma unroll
-    for (int i = 0; i < kWords; ++i) y[32 * i + lane] = staged[warp][32 * i + lane];
+    for (int i = 0; i < kWords; ++i) y[32 * i + lane] = staged_out[warp][32 * i + lane];
     return;
   }
   if (chunk >= total) return;
-  Out* y = static_cast<Out*>(a.y) + chunk * 16;  // the last warp's chunks: four stores of four each
+  // The last warp's chunks, straight from global memory: four stores of four each.
+  Decoder::block_chunk(static_cast<const Block*>(a.blocks) + chunk / Decoder::kChunks,
+                       static_cast<int>(chunk % Decoder::kChunks), v);
+  Out* y = static_cast<Out*>(a.y) + chunk * 16;
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
     float part[4] = {v[4 * q], v[4 * q + 1], v[4 * q + 2], v[4 * q + 3]};
