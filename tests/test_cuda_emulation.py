@@ -415,13 +415,14 @@ def test_decode_unaligned_rows(kernels, t, offset):
 
 
 @pytest.mark.parametrize("t, m", [(GGMLType.Q4_0, 1), (GGMLType.Q4_K, 1), (GGMLType.Q2_K, 1), (GGMLType.Q4_0, 8),
-                                  (GGMLType.Q5_K, 8), (GGMLType.Q8_0, 8), (GGMLType.Q4_0, 4), (GGMLType.Q5_K, 2)],
+                                  (GGMLType.Q5_K, 8), (GGMLType.Q8_0, 8), (GGMLType.Q4_0, 4), (GGMLType.Q5_K, 2),
+                                  (GGMLType.Q4_K, 2), (GGMLType.Q8_0, 2), (GGMLType.Q4_0, 3), (GGMLType.Q2_K, 4)],
                          ids=str)
 def test_decode_many_rows(kernels, t, m):
-    """A weight of more rows than kFewRows (8192): at m=1 the fused kernel (x quantized in each block's shared
-    memory; the emulation reports 2 multiprocessors, so each warp loops over many rows; Q2_K: the code sums of
-    both halves); from m=2..5 on (by format) the staged tensor-core kernel with 8 warps per 16 rows instead of 16
-    (Q4_0 takes it from m=4 only there, Q5_K from m=2)."""
+    """A weight of more rows than kFewRows (8192): up to fused_max_m rows of x the fused kernel (x quantized in
+    each block's shared memory, rows of x one after another; the emulation reports 2 multiprocessors, so each warp
+    loops over many rows; Q2_K: the code sums of both halves); above, the staged tensor-core kernel with 8 warps
+    per 16 rows instead of 16."""
     got, exact, theirs = decode_case(kernels, t, F16, m, 256, n=8195, out_f32=True)
     assert_no_less_accurate_than_ggml(got, exact, theirs, "many rows", 256)
 

@@ -67,13 +67,13 @@ def test_matches_float64_on_the_decoded_weight(t, dtype, m, k):
                                GGMLType.Q2_K], ids=lambda t: t.name)
 def test_decode_on_a_weight_of_many_rows(t):
     """More than 8192 rows, K = 2048 (rows on 16-byte boundaries for every type here), which the GPU's decode
-    routes apart from small weights: one row of x in one kernel (x quantized in each block's shared memory), and
-    the staged tensor-core kernel from a few rows of x on (Q6_K from 5, Q3_K from 3)."""
+    routes apart from small weights: a few rows of x in one kernel (x quantized in each block's shared memory),
+    and the staged tensor-core kernel from a few rows of x on (Q6_K from 5, Q3_K from 3)."""
     rng = np.random.default_rng(int(t) + 77)
     n, k = 8200, 2048
     data, dense = blocks_and_matrix(rng, t, n, k)
     w = GGMLTensor(mx.array(data), t, (n, k))
-    for m in (1, 3, 5, 8):
+    for m in (1, 2, 3, 4, 5, 8):
         x = random_x(rng, (m, k), mx.float16)
         y = ops.quantized_matmul(x, w)
         assert nmse(to_numpy(y), to_numpy(x) @ dense.T) <= QUANT_NMSE, f"m={m}"

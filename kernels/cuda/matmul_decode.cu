@@ -272,17 +272,20 @@ struct GlobalX {
     return load_x(codes + i * k, records + i * (k / 32), xb);
   }
 };
-// ... or the fused kernel's shared memory (one row of x): the codes of elements 0..15 of every x-block in one
-// plane and of 16..31 in another (lanes reading consecutive x-blocks hit distinct banks), then the records.
+// ... or the fused kernel's shared memory (rows of x one after another, `xblocks` x-blocks each): the codes of
+// elements 0..15 of every x-block in one plane and of 16..31 in another (lanes reading consecutive x-blocks hit
+// distinct banks), then the records.
 struct SharedX {
   const uint4* lo;
   const uint4* hi;
   const XRecord* records;
-  __device__ __forceinline__ decode::XBlock get(int, int64_t xb) const {
+  int xblocks;
+  __device__ __forceinline__ decode::XBlock get(int i, int64_t xb) const {
+    const int64_t at = static_cast<int64_t>(i) * xblocks + xb;
     decode::XBlock x;
-    x.lo = lo[xb];
-    x.hi = hi[xb];
-    unpack_record(reinterpret_cast<const int2*>(records)[xb], x.d, x.s0, x.s1);
+    x.lo = lo[at];
+    x.hi = hi[at];
+    unpack_record(reinterpret_cast<const int2*>(records)[at], x.d, x.s0, x.s1);
     return x;
   }
 };
@@ -423,19 +426,19 @@ __global__ void __launch_bounds__(warps_per_block<MB>() * 32) decode_dot_kernel(
   dot.template store<T>(lane);
 }
 
-// One row of x in one kernel (decode_fused_kernel; m = 1, rows on 4-byte boundaries, k <= kFusedMaxK): no step 0.
-// Each block quantizes x into its shared memory (SharedX; what quantize_x_kernel computes, a thread per x-block),
+// Up to 4 rows of x in one kernel (decode_fused_kernel; rows on 4-byte boundaries, m * k <= kFusedMaxK): no step
+// 0. Each block quantizes x into its shared memory (SharedX; what quantize_x_kernel computes, a thread per x-block),
 // then its warps take weight rows in turn, as decode_direct_kernel's warps do with one row of x. The grid is at
 // most kFusedBlocksPerSm blocks per multiprocessor, so x is quantized a few hundred times rather than once per
 // 8 rows; each warp asks for its first row in L2 before quantizing, so the weight streams meanwhile.
 // H100 (bench/cuda_kernel_driver.cu, both steps against this one, bench/results/h100-2026-11-25v-*.json),
-// 14336x4096: Q4_0 18.6 us (19.5), Q4_K 17.5 (22.1), Q5_K 20.2 (25.4), Q8_0 27.3 (28.2), IQ4_XS 21.8 (22.7), Q4_1,
-// Q3_K, Q2_K within 3%; Q6_K 27.9 (26.6), so it keeps both steps. On 4096x14336 (one wave of blocks, each
+// 14336x4096, m=1: Q4_0 18.6 us (19.5), Q4_K 17.5 (22.1), Q5_K 20.2 (25.4), Q8_0 27.3 (28.2), IQ4_XS 21.8 (22.7),
+// Q4_1, Q3_K, Q2_K within 3%; Q6_K 27.9 (26.6), so it keeps both steps. On 4096x14336 (one wave of blocks, each
 // quantizing all 14336 elements before its first product) it was slower for every format (Q4_0 21.9 against
 // 18.0, IQ4_XS 28.2 / 20.8): weights of at most kFewRows rows keep both steps. 2 blocks per multiprocessor
-// were slower (Q4_0 22.8 us), 8 no faster (18.8).
+// were slower (Q4_0 22.8 us), 8 no faster (18.8). More rows of x where fused_max_m allows (below).
 constexpr int kFusedWarps = 8, kFusedBlocksPerSm = 4;
-constexpr int64_t kFusedMaxK = 32768;  // shared memory: 40 bytes per x-block, 40 KB at most
+constexpr int64_t kFusedMaxK = 32768;  // elements of x (m * k): shared memory, 40 bytes per x-block, 40 KB at most
 
 template <typename T>
 __device__ __forceinline__ void quantize_x_to_shared(const T* x, int xblocks, uint4* lo, uint4* hi,
@@ -463,21 +466,22 @@ __device__ __forceinline__ void quantize_x_to_shared(const T* x, int xblocks, ui
   }
 }
 
-template <class F, typename T>
+template <class F, int MB, typename T>
 __global__ void __launch_bounds__(kFusedWarps * 32) decode_fused_kernel(QuantizedMatmulArgs a) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, xblocks = static_cast<int>(a.k / 32);
   const int64_t z = blockIdx.y, warps = static_cast<int64_t>(gridDim.x) * kFusedWarps;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * kFusedWarps + warp;
   if (first < a.n) prefetch_l2_warp(weight_row(a, z, first), a.row_bytes, lane);
   uint4* planes = dynamic_shared_memory<uint4>();
-  const SharedX x{planes, planes + xblocks, reinterpret_cast<const XRecord*>(planes + 2 * xblocks)};
-  quantize_x_to_shared(static_cast<const T*>(a.x) + z * a.k, xblocks, planes, planes + xblocks,
-                       reinterpret_cast<XRecord*>(planes + 2 * xblocks));
+  const int all = static_cast<int>(a.m) * xblocks;  // x-blocks of the batch's rows of x, contiguous in x
+  const SharedX x{planes, planes + all, reinterpret_cast<const XRecord*>(planes + 2 * all), xblocks};
+  quantize_x_to_shared(static_cast<const T*>(a.x) + z * a.m * a.k, all, planes, planes + all,
+                       reinterpret_cast<XRecord*>(planes + 2 * all));
   __syncthreads();
   constexpr int kG = lane_group<F, 1>(), kUnroll = 4 / kG;  // four x-blocks' loads in flight per lane
   const int groups = xblocks / kG;
   for (int64_t n = first; n < a.n; n += warps) {
-    WarpDot<F, 1, 1, SharedX> dot(a, n, x);
+    WarpDot<F, MB, 1, SharedX> dot(a, n, x);
 #pragma unroll kUnroll
     for (int p = lane; p < groups; p += 32) dot.template add<kG>(dot.rows, p, int64_t{p} * kG);
     dot.template store<T>(lane);
@@ -881,10 +885,35 @@ bool set_dot_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
   return false;
 }
 
-// The fused kernel where it applies (one row of x, rows on 4-byte boundaries, x's blocks fit shared memory).
+// The most rows of x the fused kernel takes for a format (0: none). H100 ncu through MLX, 14336x4096, against the
+// two steps (bench/results/h100-2026-11-25zz-fused-few-rows.json): Q4_0 m = 2 / 3 / 4 21.5 / 24.6 / 28.4 us (25.4 /
+// 29.4 / 29.2, the last on the staged tensor-core kernel), Q4_K m=2 23.2 (29.6), Q8_0 m=2 30.2 (30.8); Q4_K and
+// Q8_0 from m=3 slower (39.8-48.8 against 32.6-36.7: the kernel built for 4 rows). Formats not measured at m >= 2
+// keep the two steps there; Q6_K always (27.9 against 26.6 us at m=1).
+template <class F>
+constexpr int fused_max_m() {
+  if constexpr (std::is_same_v<F, decode::FmtQ6_K>) return 0;
+  if constexpr (std::is_same_v<F, decode::FmtQ4_0>) return 4;
+  if constexpr (std::is_same_v<F, decode::FmtQ4_K> || std::is_same_v<F, decode::FmtQ8_0>) return 2;
+  return 1;
+}
+
+// The fused kernel built for m rows of x (only the row counts fused_max_m allows are compiled).
+template <class F, typename T>
+const void* fused_kernel(int64_t m) {
+  if constexpr (fused_max_m<F>() >= 4) {
+    if (m > 2) return reinterpret_cast<const void*>(&decode_fused_kernel<F, 4, T>);
+  }
+  if constexpr (fused_max_m<F>() >= 2) {
+    if (m > 1) return reinterpret_cast<const void*>(&decode_fused_kernel<F, 2, T>);
+  }
+  return reinterpret_cast<const void*>(&decode_fused_kernel<F, 1, T>);
+}
+
+// The fused kernel where it applies (rows on 4-byte boundaries, x's blocks fit shared memory, many weight rows).
 template <class F, typename T>
 bool set_fused_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
-  if (a.m != 1 || !rows_aligned(a, 4) || a.k > kFusedMaxK || a.n <= kFewRows || std::is_same_v<F, decode::FmtQ6_K> ||
+  if (a.m > fused_max_m<F>() || !rows_aligned(a, 4) || a.m * a.k > kFusedMaxK || a.n <= kFewRows ||
       tuning_variant("twostep"))
     return false;
   int per_sm = kFusedBlocksPerSm;
@@ -892,11 +921,11 @@ bool set_fused_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
   if (const char* v = std::getenv("GGML_EXT_FUSED_PER_SM")) per_sm = std::atoi(v);
 #endif
   const int64_t sms = multiprocessor_count(), blocks = ceil_div(a.n, kFusedWarps);
-  l.kernel = reinterpret_cast<const void*>(&decode_fused_kernel<F, T>);
+  l.kernel = fused_kernel<F, T>(a.m);
   l.grid = dim3(static_cast<unsigned>(sms > 0 && blocks > sms * per_sm ? sms * per_sm : blocks),
                 static_cast<unsigned>(a.batches));
   l.block = dim3(kFusedWarps * 32);
-  l.shared_bytes = static_cast<unsigned>(a.k / 32 * (32 + sizeof(XRecord)));
+  l.shared_bytes = static_cast<unsigned>(a.m * a.k / 32 * (32 + sizeof(XRecord)));
   return true;
 }
 
