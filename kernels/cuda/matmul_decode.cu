@@ -20,8 +20,9 @@
 // and the offset terms use d * sum(codes) as ggml's Q8_1 does, so the result is never less accurate than
 // ggml's own scheme.
 //
-// One row of x on a weight of many rows (decode_fused_kernel): one step, each block quantizing x into its own
-// shared memory first, its warps then taking rows in turn as the direct kernel's do.
+// One row of x on a weight of many rows, or up to 4 for some formats (decode_fused_kernel, fused_max_m): one step,
+// each block quantizing x into its own shared memory first, its warps then taking rows in turn as the direct
+// kernel's do.
 //
 // From 2..7 rows of x on (fragment_min_m, by format and kernel), most formats take the tensor cores instead: x's
 // codes (stored by x-block) are the 8 columns of an int8 m16n8k32 product (two m16n8k16 products, one per
