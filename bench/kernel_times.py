@@ -34,6 +34,10 @@ def all_cases():
 
     from mlx_ggml_ext import GGMLType, ops, reference
 
+    import os
+
+    # the weight types of the quantized_matmul cases: KERNEL_TIMES_TYPES (comma-separated names) or these four
+    types = [GGMLType[name] for name in os.environ.get("KERNEL_TIMES_TYPES", "Q4_0,Q4_K,Q6_K,Q8_0").split(",")]
     rng = np.random.default_rng(0)
     x = mx.random.normal((4096, 4096)).astype(mx.float16)
     w = mx.random.normal((4096,)).astype(mx.float16)
@@ -62,7 +66,7 @@ def all_cases():
             out.append((f"mlx affine4 {n}x{k} m={m}", q.nbytes + s.nbytes + b.nbytes,
                         lambda xm=xm, q=q, s=s, b=b: mx.quantized_matmul(xm, q, s, b, transpose=True,
                                                                       group_size=64, bits=4)))
-        for t in (GGMLType.Q4_0, GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0):
+        for t in types:
             blocks = mx.array(reference.random_blocks(rng, t.name, n, k))
             mx.eval(blocks)
             # 3, 5, 6: where the decode routing changes; from 16 rows on both prefill routes (the default

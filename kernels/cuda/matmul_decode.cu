@@ -886,17 +886,18 @@ bool set_dot_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
   return false;
 }
 
-// The most rows of x the fused kernel takes for a format (0: none). H100 ncu through MLX, 14336x4096, against the
-// two steps (bench/results/h100-2026-11-25zz-fused-few-rows.json): Q4_0 m = 2 / 3 / 4 21.5 / 24.6 / 28.4 us (25.4 /
-// 29.4 / 29.2, the last on the staged tensor-core kernel), Q4_K m=2 23.2 (29.6), Q8_0 m=2 30.2 (30.8); Q4_K and
-// Q8_0 from m=3 slower (39.8-48.8 against 32.6-36.7: the kernel built for 4 rows). Formats not measured at m >= 2
-// keep the two steps there; Q6_K always (27.9 against 26.6 us at m=1).
+// The most rows of x the fused kernel takes for a format (0: none). H100 ncu through MLX, 14336x4096, fused
+// against the two steps in the same run (a -DGGML_EXT_TUNING build, GGML_EXT_STAGED=twostep;
+// bench/results/h100-2026-11-26-fused-two-rows.json), m=2: Q4_1 22.1 / 24.6 us, Q5_0 25.1 / 29.0, Q5_1 23.5 / 27.3,
+// Q5_K 25.5 / 32.0, Q2_K 21.6 / 26.5, Q3_K 30.1 / 35.6, IQ4_NL 25.9 / 31.2, IQ4_XS 26.3 / 31.0, MXFP4 25.4 / 31.2,
+// Q4_K 23.7 / 29.3, Q8_0 29.7 / 30.6. Q4_0 also at m = 3, 4 (h100-2026-11-25zz-fused-few-rows.json: 24.6 / 28.4
+// against 29.4 / 29.2 in an earlier run); the others were slower there in the kernel built for 4 rows (Q4_K, Q8_0
+// 39.8-48.8 against 32.6-36.7). Q6_K never (27.9 against 26.6 us at m=1; not measured at m=2).
 template <class F>
 constexpr int fused_max_m() {
   if constexpr (std::is_same_v<F, decode::FmtQ6_K>) return 0;
   if constexpr (std::is_same_v<F, decode::FmtQ4_0>) return 4;
-  if constexpr (std::is_same_v<F, decode::FmtQ4_K> || std::is_same_v<F, decode::FmtQ8_0>) return 2;
-  return 1;
+  return 2;
 }
 
 // The fused kernel built for m rows of x (only the row counts fused_max_m allows are compiled).
