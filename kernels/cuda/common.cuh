@@ -170,6 +170,32 @@ __device__ __forceinline__ void prefetch_l2_warp(const void* p, int64_t bytes, i
 #endif
 }
 
+// The widest word (16 bytes at most) that divides both an address and a length.
+__host__ __device__ inline int copy_width(uintptr_t address, uint64_t bytes) {
+  const uint64_t bits = address | bytes | 16u;
+  return static_cast<int>(bits & (~bits + 1));
+}
+
+// Copies `bytes` bytes of global memory to dst, a warp's lanes taking consecutive words of W bytes (W divides
+// `bytes` and both addresses).
+template <typename W>
+__device__ __forceinline__ void warp_copy(const uint8_t* src, uint8_t* dst, int bytes, int lane) {
+  const W* s = reinterpret_cast<const W*>(src);
+  W* d = reinterpret_cast<W*>(dst);
+#pragma unroll 4
+  for (int i = lane; i < bytes / static_cast<int>(sizeof(W)); i += 32) d[i] = __ldg(s + i);
+}
+// The same in words of `width` bytes (copy_width of both addresses and the length).
+__device__ __forceinline__ void warp_copy(const uint8_t* src, uint8_t* dst, int bytes, int width, int lane) {
+  switch (width) {
+    case 16: return warp_copy<uint4>(src, dst, bytes, lane);
+    case 8: return warp_copy<uint2>(src, dst, bytes, lane);
+    case 4: return warp_copy<uint32_t>(src, dst, bytes, lane);
+    case 2: return warp_copy<uint16_t>(src, dst, bytes, lane);
+    default: return warp_copy<uint8_t>(src, dst, bytes, lane);
+  }
+}
+
 // Streaming multiprocessors of the current device (0 if the runtime cannot tell).
 inline int multiprocessor_count() {
   int device = 0, count = 0;

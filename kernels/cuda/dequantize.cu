@@ -9,14 +9,6 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// Bytes [0, n) of src into dst by a warp's lanes, in words of W bytes (W divides n and both addresses).
-template <typename W>
-__device__ __forceinline__ void warp_copy(uint8_t* dst, const uint8_t* src, int n, int lane) {
-  for (int i = lane; i < n / static_cast<int>(sizeof(W)); i += 32) {
-    reinterpret_cast<W*>(dst)[i] = reinterpret_cast<const W*>(src)[i];
-  }
-}
-
 template <typename Decoder, typename Out>
 __global__ void __launch_bounds__(kThreads) dequantize_blocks_kernel(DequantizeArgs a) {
   // A warp's 32 chunks are whole blocks (kChunks divides 32). The warp copies their bytes to shared memory in the
@@ -38,16 +30,7 @@ __global__ void __launch_bounds__(kThreads) dequantize_blocks_kernel(DequantizeA
   if (first + 32 <= total) {
     const uint8_t* src = static_cast<const uint8_t*>(a.blocks) + first / Decoder::kChunks * sizeof(Block);
     uint8_t* in = reinterpret_cast<uint8_t*>(staged_in[warp]);
-    const uintptr_t align = reinterpret_cast<uintptr_t>(src) | kInBytes;
-    if (align % 16 == 0) {
-      warp_copy<uint4>(in, src, kInBytes, lane);
-    } else if (align % 4 == 0) {
-      warp_copy<uint32_t>(in, src, kInBytes, lane);
-    } else if (align % 2 == 0) {
-      warp_copy<uint16_t>(in, src, kInBytes, lane);
-    } else {
-      warp_copy<uint8_t>(in, src, kInBytes, lane);
-    }
+    warp_copy(src, in, kInBytes, copy_width(reinterpret_cast<uintptr_t>(src), kInBytes), lane);
     __syncwarp();
     Decoder::block_chunk(reinterpret_cast<const Block*>(in) + lane / Decoder::kChunks, lane % Decoder::kChunks, v);
     Out* mine = reinterpret_cast<Out*>(staged_out[warp] + lane * kWords);

@@ -177,27 +177,6 @@ struct Seg {
   static_assert(kXBlocks * 32 % F::kQK == 0 && kBytes % 16 == 0, "segments of whole blocks, 16-byte aligned");
 };
 
-// Copies `bytes` bytes (a multiple of sizeof(W)) from global memory into shared memory, a warp's lanes
-// taking consecutive words. 16-byte words: all loads issued before the stores (up to kMax per lane in flight).
-template <typename W, int kMax>
-__device__ __forceinline__ void stage_copy(const uint8_t* src, uint8_t* dst, int bytes, int lane) {
-  const W* s = reinterpret_cast<const W*>(src);
-  W* d = reinterpret_cast<W*>(dst);
-  const int words = bytes / static_cast<int>(sizeof(W));
-  if constexpr (kMax > 0) {
-    W buf[kMax];
-#pragma unroll
-    for (int i = 0; i < kMax; ++i)
-      if (lane + 32 * i < words) buf[i] = __ldg(s + lane + 32 * i);
-#pragma unroll
-    for (int i = 0; i < kMax; ++i)
-      if (lane + 32 * i < words) d[lane + 32 * i] = buf[i];
-  } else {
-#pragma unroll 4
-    for (int i = lane; i < words; i += 32) d[i] = __ldg(s + i);
-  }
-}
-
 template <class F, int R>
 __device__ __forceinline__ void stage_rows(const uint8_t* const (&rows)[R], int64_t offset, int bytes,
                                            uint4 (*stage)[Seg<F, R>::kWords], int width, int lane) {
@@ -220,19 +199,7 @@ __device__ __forceinline__ void stage_rows(const uint8_t* const (&rows)[R], int6
   }
   // Rows not 16-byte aligned (e.g. 18-byte blocks, an odd count per row): narrower words, never a misread.
 #pragma unroll
-  for (int r = 0; r < R; ++r) {
-    uint8_t* dst = reinterpret_cast<uint8_t*>(stage[r]);
-    const uint8_t* src = rows[r] + offset;
-    if (width == 8) {
-      stage_copy<uint2, 0>(src, dst, bytes, lane);
-    } else if (width == 4) {
-      stage_copy<uint32_t, 0>(src, dst, bytes, lane);
-    } else if (width == 2) {
-      stage_copy<uint16_t, 0>(src, dst, bytes, lane);
-    } else {
-      stage_copy<uint8_t, 0>(src, dst, bytes, lane);
-    }
-  }
+  for (int r = 0; r < R; ++r) warp_copy(rows[r] + offset, reinterpret_cast<uint8_t*>(stage[r]), bytes, width, lane);
 }
 
 // An XRecord read as an int2: x-block's scale and the code sums of its halves.
@@ -400,9 +367,8 @@ __global__ void __launch_bounds__(warps_per_block<MB>() * 32) decode_dot_kernel(
   const int64_t n0 = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * R;
   if (n0 >= a.n) return;  // the whole warp: only __syncwarp below
   WarpDot<F, MB> dot(a, n0);
-  // The widest word (16 bytes at most) that divides the weight's base address and row length.
-  const uint64_t align_bits = reinterpret_cast<uintptr_t>(a.w) | static_cast<uint64_t>(a.row_bytes) | 16u;
-  const int width = static_cast<int>(align_bits & (~align_bits + 1));
+  // The widest word that divides the weight's base address and row length (segments start 16-byte multiples in).
+  const int width = copy_width(reinterpret_cast<uintptr_t>(a.w), static_cast<uint64_t>(a.row_bytes));
   uint4 (*stage)[S::kWords] = stage_all[warp];
   const uint8_t* staged[R];
 #pragma unroll
