@@ -38,6 +38,10 @@ def all_cases():
 
     # the weight types of the quantized_matmul cases: KERNEL_TIMES_TYPES (comma-separated names) or these four
     types = [GGMLType[name] for name in os.environ.get("KERNEL_TIMES_TYPES", "Q4_0,Q4_K,Q6_K,Q8_0").split(",")]
+    # Decode cases (m <= 8) once per variant: KERNEL_TIMES_VARIANTS, '|'-separated lists of NAME=VALUE settings
+    # (comma-separated) in force while the case is evaluated, e.g. the kernel choices of a -DGGML_EXT_TUNING build
+    # ("GGML_EXT_STAGED=nostream|" : that variant and the default, interleaved case by case in one run).
+    variants = os.environ.get("KERNEL_TIMES_VARIANTS", "").split("|")
     rng = np.random.default_rng(0)
     x = mx.random.normal((4096, 4096)).astype(mx.float16)
     w = mx.random.normal((4096,)).astype(mx.float16)
@@ -75,8 +79,10 @@ def all_cases():
                 xm = mx.random.normal((m, k)).astype(mx.float16)
                 mx.eval(xm)
                 moved = blocks.nbytes if m <= 8 else 2 * m * n * k  # bytes, or flops for prefill
-                out.append((f"{t.name} {n}x{k} m={m}", moved,
-                            lambda xm=xm, blocks=blocks, t=t: ops.quantized_matmul(xm, blocks, t)))
+                for variant in (variants if m <= 8 else [""]):
+                    out.append((f"{t.name} {n}x{k} m={m}" + (f" [{variant}]" if variant else ""), moved,
+                                lambda xm=xm, blocks=blocks, t=t, variant=variant: with_environment(
+                                    variant, lambda: ops.quantized_matmul(xm, blocks, t))))
                 if m > 8:
                     out.append((f"{t.name} {n}x{k} m={m} blocks", moved,
                                 lambda xm=xm, blocks=blocks, t=t: with_dense_rows(
@@ -94,6 +100,28 @@ def all_cases():
         mx.eval(x512)
         out.append((f"mlx fp16 matmul {n}x{k} m=512", 2 * 512 * n * k, lambda x512=x512, w16=w16: x512 @ w16.T))
     return out
+
+
+def with_environment(settings, build):
+    """The graph `build` makes, evaluated with the environment variables of `settings` ("A=1,B=2"; "" for none)
+    set: the kernels are chosen when the graph is evaluated."""
+    import os
+
+    import mlx.core as mx
+
+    pairs = [item.split("=", 1) for item in settings.split(",") if item]
+    saved = {name: os.environ.get(name) for name, _ in pairs}
+    os.environ.update(dict(pairs))
+    try:
+        y = build()
+        mx.eval(y)
+        return y
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def with_dense_rows(rows, build):
