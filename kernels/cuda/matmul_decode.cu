@@ -21,8 +21,8 @@
 // ggml's own scheme.
 //
 // One row of x on a weight of many rows, or up to 4 for some formats (decode_fused_kernel, fused_max_m): one step,
-// each block quantizing x into its own shared memory first, its warps then taking rows in turn as the direct
-// kernel's do.
+// each block quantizing x into its own shared memory first, its warps then taking rows (or pairs of rows,
+// fused_pair_max_m) in turn as the direct kernel's do.
 //
 // From 2..7 rows of x on (fragment_min_m, by format and kernel), most formats take the tensor cores instead: x's
 // codes (stored by x-block) are the 8 columns of an int8 m16n8k32 product (two m16n8k16 products, one per
@@ -395,9 +395,10 @@ __global__ void __launch_bounds__(warps_per_block<MB>() * 32) decode_dot_kernel(
 
 // Up to 4 rows of x in one kernel (decode_fused_kernel; rows on 4-byte boundaries, m * k <= kFusedMaxK): no step
 // 0. Each block quantizes x into its shared memory (SharedX; what quantize_x_kernel computes, a thread per x-block),
-// then its warps take weight rows in turn, as decode_direct_kernel's warps do with one row of x. The grid is at
-// most kFusedBlocksPerSm blocks per multiprocessor, so x is quantized a few hundred times rather than once per
-// 8 rows; each warp asks for its first row in L2 before quantizing, so the weight streams meanwhile.
+// then its warps take weight rows (or pairs of rows: fused_pair_max_m) in turn, as decode_direct_kernel's warps do
+// with one row of x. The grid is at most kFusedBlocksPerSm blocks per multiprocessor, so x is quantized a few
+// hundred times rather than once per 8 rows; each warp asks for its first rows in L2 before quantizing, so the
+// weight streams meanwhile.
 // H100 (bench/cuda_kernel_driver.cu, both steps against this one, bench/results/h100-2026-11-25v-*.json),
 // 14336x4096, m=1: Q4_0 18.6 us (19.5), Q4_K 17.5 (22.1), Q5_K 20.2 (25.4), Q8_0 27.3 (28.2), IQ4_XS 21.8 (22.7),
 // Q4_1, Q3_K, Q2_K within 3%; Q6_K 27.9 (26.6), so it keeps both steps. On 4096x14336 (one wave of blocks, each
@@ -433,22 +434,24 @@ __device__ __forceinline__ void quantize_x_to_shared(const T* x, int xblocks, ui
   }
 }
 
-template <class F, int MB, typename T>
+// kRows weight rows per warp at a time (fused_rows).
+template <class F, int MB, typename T, int kRows>
 __global__ void __launch_bounds__(kFusedWarps * 32) decode_fused_kernel(QuantizedMatmulArgs a) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, xblocks = static_cast<int>(a.k / 32);
   const int64_t z = blockIdx.y, warps = static_cast<int64_t>(gridDim.x) * kFusedWarps;
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * kFusedWarps + warp;
-  if (first < a.n) prefetch_l2_warp(weight_row(a, z, first), a.row_bytes, lane);
+  const int64_t first = (static_cast<int64_t>(blockIdx.x) * kFusedWarps + warp) * kRows;
+  if (first < a.n)
+    prefetch_l2_warp(weight_row(a, z, first), a.row_bytes * (a.n - first < kRows ? a.n - first : kRows), lane);
   uint4* planes = dynamic_shared_memory<uint4>();
   const int all = static_cast<int>(a.m) * xblocks;  // x-blocks of the batch's rows of x, contiguous in x
   const SharedX x{planes, planes + all, reinterpret_cast<const XRecord*>(planes + 2 * all), xblocks};
   quantize_x_to_shared(static_cast<const T*>(a.x) + z * a.m * a.k, all, planes, planes + all,
                        reinterpret_cast<XRecord*>(planes + 2 * all));
   __syncthreads();
-  constexpr int kG = lane_group<F, 1>(), kUnroll = 4 / kG;  // four x-blocks' loads in flight per lane
+  constexpr int kG = lane_group<F, kRows>(), kUnroll = 4 / kG;  // four x-blocks' loads in flight per lane
   const int groups = xblocks / kG;
-  for (int64_t n = first; n < a.n; n += warps) {
-    WarpDot<F, MB, 1, SharedX> dot(a, n, x);
+  for (int64_t n = first; n < a.n; n += warps * kRows) {
+    WarpDot<F, MB, kRows, SharedX> dot(a, n, x);
 #pragma unroll kUnroll
     for (int p = lane; p < groups; p += 32) dot.template add<kG>(dot.rows, p, int64_t{p} * kG);
     dot.template store<T>(lane);
@@ -866,16 +869,61 @@ constexpr int fused_max_m() {
   return 2;
 }
 
-// The fused kernel built for m rows of x (only the row counts fused_max_m allows are compiled).
-template <class F, typename T>
+// The most rows of x for which each warp of the fused kernel takes two weight rows at a time (0: none): twice the
+// loads in flight per warp, half the row ends (each a reduction and a wait for the next row's first loads). H100
+// ncu through MLX, 14336x4096, one row of x, -DGGML_EXT_TUNING builds run with GGML_EXT_FUSED_ROWS=2 and =1 in the
+// same run (bench/results/h100-2026-11-26c-fused-row-pairs.json), pairs / one row: Q4_0 17.2 / 19.3 and 17.1 / 18.8
+// us in two runs (ncu's detail: SMs active 27.3k of 34.5k cycles, 30.4k of 40.3k with one row), IQ4_XS 21.9 / 24.1
+// and 21.8 / 23.5, Q4_1 18.1 / 19.6, Q5_0 19.9 / 21.4, Q5_1 20.3 / 22.1; within the noise of the same
+// configuration measured twice (about 5%) or slower for the others (Q2_K 15.9 / 16.7, Q3_K 29.7 / 26.8, Q4_K 19.7 /
+// 18.3, Q5_K 23.0 / 21.3, Q8_0 28.5 / 27.0, IQ4_NL 23.4 / 22.4, MXFP4 23.4 / 22.2), and at m=2 (Q4_0 21.5 / 22.8
+// and 21.7 / 21.8).
+template <class F>
+constexpr int fused_pair_max_m() {
+  using namespace decode;
+  if constexpr (std::is_same_v<F, FmtQ4_0> || std::is_same_v<F, FmtQ4_1> || std::is_same_v<F, FmtQ5_0> ||
+                std::is_same_v<F, FmtQ5_1> || std::is_same_v<F, FmtIQ4_XS>)
+    return 1;
+  return 0;
+}
+// Weight rows per warp of the fused kernel for m rows of x (tuning builds: GGML_EXT_FUSED_ROWS=1 or 2 forces one).
+template <class F>
+int fused_rows(int64_t m) {
+#if defined(GGML_EXT_TUNING)
+  if (const char* v = std::getenv("GGML_EXT_FUSED_ROWS")) return std::atoi(v) == 2 ? 2 : 1;
+#endif
+  return m <= fused_pair_max_m<F>() ? 2 : 1;
+}
+
+// The row counts of x compiled with pairs of weight rows: fused_pair_max_m's (tuning builds: fused_max_m's).
+template <class F>
+constexpr int fused_built_pair_m() {
+#if defined(GGML_EXT_TUNING)
+  return fused_max_m<F>();
+#else
+  return fused_pair_max_m<F>();
+#endif
+}
+// The fused kernel built for m rows of x and kRows weight rows per warp (only those fused_max_m and
+// fused_built_pair_m allow are compiled).
+template <class F, typename T, int kRows>
 const void* fused_kernel(int64_t m) {
-  if constexpr (fused_max_m<F>() >= 4) {
-    if (m > 2) return reinterpret_cast<const void*>(&decode_fused_kernel<F, 4, T>);
+  constexpr int kMaxM = kRows == 2 ? fused_built_pair_m<F>() : fused_max_m<F>();
+  if constexpr (kMaxM >= 4) {
+    if (m > 2) return reinterpret_cast<const void*>(&decode_fused_kernel<F, 4, T, kRows>);
   }
-  if constexpr (fused_max_m<F>() >= 2) {
-    if (m > 1) return reinterpret_cast<const void*>(&decode_fused_kernel<F, 2, T>);
+  if constexpr (kMaxM >= 2) {
+    if (m > 1) return reinterpret_cast<const void*>(&decode_fused_kernel<F, 2, T, kRows>);
   }
-  return reinterpret_cast<const void*>(&decode_fused_kernel<F, 1, T>);
+  return reinterpret_cast<const void*>(&decode_fused_kernel<F, 1, T, kRows>);
+}
+template <class F, typename T>
+const void* fused_kernel(int64_t m, int rows) {
+  if constexpr (fused_built_pair_m<F>() == 0) {
+    return fused_kernel<F, T, 1>(m);
+  } else {
+    return rows == 2 ? fused_kernel<F, T, 2>(m) : fused_kernel<F, T, 1>(m);
+  }
 }
 
 // The fused kernel where it applies (rows on 4-byte boundaries, x's blocks fit shared memory, many weight rows).
@@ -888,8 +936,9 @@ bool set_fused_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
 #if defined(GGML_EXT_TUNING)
   if (const char* v = std::getenv("GGML_EXT_FUSED_PER_SM")) per_sm = std::atoi(v);
 #endif
-  const int64_t sms = multiprocessor_count(), blocks = ceil_div(a.n, kFusedWarps);
-  l.kernel = fused_kernel<F, T>(a.m);
+  const int rows = fused_rows<F>(a.m);
+  const int64_t sms = multiprocessor_count(), blocks = ceil_div(ceil_div(a.n, rows), kFusedWarps);
+  l.kernel = fused_kernel<F, T>(a.m, rows);
   l.grid = dim3(static_cast<unsigned>(sms > 0 && blocks > sms * per_sm ? sms * per_sm : blocks),
                 static_cast<unsigned>(a.batches));
   l.block = dim3(kFusedWarps * 32);
