@@ -102,43 +102,44 @@ def all_cases():
     return out
 
 
-def with_environment(settings, build):
-    """The graph `build` makes, evaluated with the environment variables of `settings` ("A=1,B=2"; "" for none)
-    set: the kernels are chosen when the graph is evaluated."""
-    import os
+class environment:
+    """Sets the environment variables of a dict for the duration of a with-block, then restores them."""
 
-    import mlx.core as mx
+    def __init__(self, settings):
+        self.settings = settings
 
-    pairs = [item.split("=", 1) for item in settings.split(",") if item]
-    saved = {name: os.environ.get(name) for name, _ in pairs}
-    os.environ.update(dict(pairs))
-    try:
-        y = build()
-        mx.eval(y)
-        return y
-    finally:
-        for name, value in saved.items():
+    def __enter__(self):
+        import os
+
+        self.saved = {name: os.environ.get(name) for name in self.settings}
+        os.environ.update(self.settings)
+
+    def __exit__(self, *exc):
+        import os
+
+        for name, value in self.saved.items():
             if value is None:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
 
 
+def with_environment(settings, build):
+    """The graph `build` makes, evaluated with the environment variables of `settings` ("A=1,B=2"; "" for none)
+    set: the kernels are chosen when the graph is evaluated."""
+    import mlx.core as mx
+
+    with environment(dict(item.split("=", 1) for item in settings.split(",") if item)):
+        y = build()
+        mx.eval(y)
+        return y
+
+
 def with_dense_rows(rows, build):
     """The graph `build` makes with MLX_GGML_EXT_CUDA_DENSE_ROWS set to `rows` (None: as the environment has it);
     the route is chosen when the graph is built."""
-    import os
-
-    saved = os.environ.get("MLX_GGML_EXT_CUDA_DENSE_ROWS")
-    if rows is not None:
-        os.environ["MLX_GGML_EXT_CUDA_DENSE_ROWS"] = rows
-    try:
+    with environment({} if rows is None else {"MLX_GGML_EXT_CUDA_DENSE_ROWS": rows}):
         return build()
-    finally:
-        if saved is None:
-            os.environ.pop("MLX_GGML_EXT_CUDA_DENSE_ROWS", None)
-        else:
-            os.environ["MLX_GGML_EXT_CUDA_DENSE_ROWS"] = saved
 
 
 MARK = re.compile(r"scan", re.IGNORECASE)
