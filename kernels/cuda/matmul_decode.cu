@@ -156,7 +156,16 @@ constexpr int direct_warps() { return kSplit > 1 ? kSplit : warps_per_block<MB>(
 // 4 warps each): 2 warps share 2 rows and split their x-blocks. H100 4096x14336 m=1 Q4_0 / Q4_K / Q6_K / Q8_0
 // 21.1-21.8 / 29.7-32.1 / 28.4-28.8 / 29.9-30.0 us in two runs (22.1-22.7 / 30.5-31.9 / 29.4-30.5 / 33.0-33.1
 // with a row per warp); on 14336x4096 no faster (Q6_K 30.6 us, 27.8 otherwise), so only below the threshold.
+// Q4_K: 4 warps share 4 rows (few_rows_direct). H100 4096x14336 m=1, ncu through MLX, one run of a tuning build with
+// every shape (bench/results/h100-2026-11-26e-direct-shapes.json; kR rows x kSplit warps): Q4_K 2x2 21.9 / 22.0
+// us (twice), 1x4 24.5, 2x4 20.1, 4x2 19.5, 4x4 18.8; for the others 4x4 was no faster (Q4_0 22.4 against 20.6,
+// Q8_0 30.1 / 29.2, Q6_K 30.3 / 28.1, IQ4_XS 26.7 / 22.1; Q5_K 25.8 / 26.6 and Q3_K 1x4 27.1 / 28.1 within the
+// spread of repeated cases).
 constexpr int64_t kFewRows = 8192;
+template <class F>
+constexpr int few_rows_direct() {  // rows per row group = warps sharing them, for one row of x on few rows
+  return std::is_same_v<F, decode::FmtQ4_K> ? 4 : 2;
+}
 
 // x-blocks a lane of the direct kernel takes at a time: the format's group (decode_formats.cuh: the x-blocks
 // that share bytes, read once) where its R rows' decoded groups fit in registers, else 1. H100 Q4_K in pairs,
@@ -846,8 +855,15 @@ bool set_dot_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
     }
   }
   if constexpr (MB == 1) {
+#if defined(GGML_EXT_TUNING)  // rows per row group and warps sharing them, for one row of x at any weight height
+    if (tuning_variant("d22")) return set_direct_step<F, 1, T, 2, 2>(l, a), false;
+    if (tuning_variant("d14")) return set_direct_step<F, 1, T, 1, 4>(l, a), false;
+    if (tuning_variant("d24")) return set_direct_step<F, 1, T, 2, 4>(l, a), false;
+    if (tuning_variant("d42")) return set_direct_step<F, 1, T, 4, 2>(l, a), false;
+    if (tuning_variant("d44")) return set_direct_step<F, 1, T, 4, 4>(l, a), false;
+#endif
     if (a.n <= kFewRows) {
-      set_direct_step<F, 1, T, 2, 2>(l, a);
+      set_direct_step<F, 1, T, few_rows_direct<F>(), few_rows_direct<F>()>(l, a);
       return false;
     }
   }
