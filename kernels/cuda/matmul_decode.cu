@@ -892,8 +892,8 @@ constexpr int fused_max_m() {
 // us in two runs (ncu's detail: SMs active 27.3k of 34.5k cycles, 30.4k of 40.3k with one row), IQ4_XS 21.9 / 24.1
 // and 21.8 / 23.5, Q4_1 18.1 / 19.6, Q5_0 19.9 / 21.4, Q5_1 20.3 / 22.1; within the noise of the same
 // configuration measured twice (about 5%) or slower for the others (Q2_K 15.9 / 16.7, Q3_K 29.7 / 26.8, Q4_K 19.7 /
-// 18.3, Q5_K 23.0 / 21.3, Q8_0 28.5 / 27.0, IQ4_NL 23.4 / 22.4, MXFP4 23.4 / 22.2), and at m=2 (Q4_0 21.5 / 22.8
-// and 21.7 / 21.8).
+// 18.3, Q5_K 23.0 / 21.3, Q8_0 28.5 / 27.0, IQ4_NL 23.4 / 22.4, MXFP4 23.4 / 22.2); at m=2 not consistently faster
+// (Q4_0 21.5 / 22.8, then 21.7 / 21.8).
 template <class F>
 constexpr int fused_pair_max_m() {
   using namespace decode;
