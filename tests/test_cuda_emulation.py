@@ -45,6 +45,11 @@ if not (CXX and CUDA_INCLUDE):
     pytest.skip(f"host emulation of the CUDA kernels needs {missing}", allow_module_level=True)
 
 F32, F16, BF16 = 0, 1, 2  # ggml_ext::cpu::FloatType
+
+
+def param_id(value):
+    """A test id part: a type by its name (GGMLType is an IntEnum, whose str is its number)."""
+    return value.name if isinstance(value, GGMLType) else str(value)
 NP_TYPES = {F32: np.float32, F16: np.float16, BF16: np.uint16}
 
 
@@ -269,7 +274,7 @@ def test_quantized_matmul_half_inputs(kernels, t, x_type, m, transpose, out_f32)
 
 
 @pytest.mark.parametrize("t, k", [(GGMLType.Q4_0, 96), (GGMLType.Q8_0, 96), (GGMLType.Q4_1, 96),
-                                  (GGMLType.Q4_K, 768), (GGMLType.F16, 67)], ids=str)
+                                  (GGMLType.Q4_K, 768), (GGMLType.F16, 67)], ids=param_id)
 @pytest.mark.parametrize("m, transpose", [(9, False), (130, False), (3, True), (65, True)], ids=str)
 def test_quantized_matmul_half_tiles_edges(kernels, t, k, m, transpose):
     """The tensor-core tiles at their edges: a last reduction step half full (k = 96, 67; 768 = 12 steps of 64),
@@ -382,7 +387,7 @@ def test_decode_broadcasting(kernels, t, m):
 
 
 @pytest.mark.parametrize("t, k", [(GGMLType.Q6_K, 2048), (GGMLType.Q3_K, 2048), (GGMLType.Q2_K, 1024),
-                                  (GGMLType.Q2_K, 3072)], ids=str)
+                                  (GGMLType.Q2_K, 3072)], ids=param_id)
 @pytest.mark.parametrize("m", [4, 8])
 def test_decode_per_half_staged(kernels, t, k, m):
     """The formats with a scale per 16 elements on the staged tensor-core kernel (rows on 16-byte boundaries at
@@ -393,7 +398,7 @@ def test_decode_per_half_staged(kernels, t, k, m):
 
 
 @pytest.mark.parametrize("t, offset", [(GGMLType.Q4_0, 2), (GGMLType.Q8_0, 2), (GGMLType.MXFP4, 1),
-                                       (GGMLType.Q4_K, 4), (GGMLType.Q5_K, 4), (GGMLType.Q5_K, 2)], ids=str)
+                                       (GGMLType.Q4_K, 4), (GGMLType.Q5_K, 4), (GGMLType.Q5_K, 2)], ids=param_id)
 def test_decode_unaligned_rows(kernels, t, offset):
     """Weight rows starting off 16-byte boundaries (an odd offset for MXFP4's 17-byte blocks): narrower staging
     loads (offsets 1, 2), or the direct reads' word path instead of 16-byte loads (4: Q4_K, Q5_K), never a
@@ -418,7 +423,7 @@ def test_decode_unaligned_rows(kernels, t, offset):
                                   (GGMLType.Q5_K, 8), (GGMLType.Q8_0, 8), (GGMLType.Q4_0, 4), (GGMLType.Q5_K, 2),
                                   (GGMLType.Q4_K, 2), (GGMLType.Q8_0, 2), (GGMLType.Q4_0, 3), (GGMLType.Q2_K, 4),
                                   (GGMLType.Q4_0, 2), (GGMLType.IQ4_XS, 1), (GGMLType.Q5_1, 1)],
-                         ids=lambda v: v.name if isinstance(v, GGMLType) else str(v))
+                         ids=param_id)
 def test_decode_many_rows(kernels, t, m):
     """A weight of more rows than kFewRows (8192): up to fused_max_m rows of x the fused kernel (x quantized in
     each block's shared memory, rows of x one after another; the emulation reports 2 multiprocessors, so each warp
