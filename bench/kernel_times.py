@@ -11,6 +11,7 @@ starts with a marker kernel (a small MLX cumsum, used by no case) so the parser 
 The run was made with the Nsight Compute of the GPU machine; without it this script has nothing to do."""
 
 import argparse
+import contextlib
 import csv
 import json
 import re
@@ -102,22 +103,17 @@ def all_cases():
     return out
 
 
-class environment:
-    """Sets the environment variables of a dict for the duration of a with-block, then restores them."""
+@contextlib.contextmanager
+def environment(settings):
+    """The environment variables of the dict `settings` set for the duration of a with-block, then restored."""
+    import os
 
-    def __init__(self, settings):
-        self.settings = settings
-
-    def __enter__(self):
-        import os
-
-        self.saved = {name: os.environ.get(name) for name in self.settings}
-        os.environ.update(self.settings)
-
-    def __exit__(self, *exc):
-        import os
-
-        for name, value in self.saved.items():
+    saved = {name: os.environ.get(name) for name in settings}
+    os.environ.update(settings)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
             if value is None:
                 os.environ.pop(name, None)
             else:
