@@ -688,17 +688,20 @@ __global__ void __launch_bounds__(kSplit * 32) decode_staged_fragment_kernel(Qua
   uint8_t* stages = dynamic_shared_memory<uint8_t>() + warp * kStages * 16 * Chunk::kStride;
   FragmentDot<F> dot(a, lane);
   const int chunks = static_cast<int>(a.k / 32) / Chunk::kXBlocks;
+  // The 16 rows are consecutive: row n0 + r at rows + r * row_bytes, up to the last row (read again past it).
+  const uint8_t* rows = weight_row(a, dot.z, dot.n0);
+  const int last = a.n - dot.n0 < 16 ? static_cast<int>(a.n - dot.n0) - 1 : 15;
   // Chunk c of the 16 rows into stage s (its 16-byte words, Chunk::words of them), one commit group per call
   // (empty past the last chunk).
   auto issue = [&](int c, int s) {
     if (c < chunks) {
       uint8_t* dst = stages + s * 16 * Chunk::kStride;
       const int words = Chunk::words(c);
-      const int64_t first = 16 * static_cast<int64_t>(Chunk::first_word(c));
+      const uint8_t* src = rows + 16 * static_cast<int64_t>(Chunk::first_word(c));
       for (int i = lane; i < 16 * kWords; i += 32) {
         const int r = i / kWords, u = i % kWords;
         if (!Chunk::kLead || u < words)
-          copy_async_16(dst + r * Chunk::kStride + 16 * u, weight_row(a, dot.z, dot.n0 + r) + first + 16 * u);
+          copy_async_16(dst + r * Chunk::kStride + 16 * u, src + (r < last ? r : last) * a.row_bytes + 16 * u);
       }
     }
     copy_async_commit();
