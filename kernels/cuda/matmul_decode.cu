@@ -518,12 +518,18 @@ constexpr int kFragmentSplitMany = 4, kFragmentSplitFew = 16;  // warps per 16 r
 // 8 on 14336x4096 / 4096x14336 (bench/results/h100-2026-11-25s-staged-fragment.json): the staged kernel beats
 // the dp4a kernels from m = 4 (Q4_0 on many rows; Q4_K; Q5_K on few rows), m = 2 (Q5_K on many rows) or m = 5
 // (the rest of those measured: Q8_0, Q4_1, IQ4_XS, Q4_0 on few rows); formats not measured (Q5_0, Q5_1, IQ4_NL,
-// MXFP4) take it from 5, where it was faster for every measured one. The formats with a scale per 16 (two
-// m16n8k16 products per x-block, bench/results/h100-2026-11-25v-*.json, both steps): Q3_K from m=3 (m=8 34.7 / 29.2
-// us against the dp4a kernels' 58.5 / 53.9), Q6_K from m=5 on many rows only (55.7 against 67.8 at m=8 there; on
-// few rows 60.1 against 58.7), Q2_K never (42-46 us at every m against 21-44). They are bound by the issue of
-// their scaling work (ncu: SM throughput 62%, DRAM 11-22%), not by memory. The unstaged kernel's crossings are
-// those of its own measurement (above); formats not measured there from 7. The per-16 formats have fragment
+// MXFP4) took it from 5. The formats with a scale per 16 (two m16n8k16 products per x-block): Q3_K from m=3, Q6_K
+// from 5 on many rows only, Q2_K never (bench/results/h100-2026-11-25v-*.json). Once the staged kernel stopped
+// dividing for every copy's row address (b06ffca: Q6_K m=8 58 -> 38 us), the staged crossings were measured again
+// for every format in one run (a -DGGML_EXT_TUNING build, each case by default and with GGML_EXT_STAGED=frag,
+// bench/results/h100-2026-11-26i-staged-from-m.json, ncu through MLX, both steps, 14336x4096 / 4096x14336), and
+// the staged kernel now starts where it was 4% or more faster: m=3 against the default 29.0 / 27.1 us against
+// 31.6 / 31.4 for Q4_K, 29.9 / 28.7 against 32.1 / 32.7 for Q5_0, 29.6 / 29.8 against 33.2 / 31.7 for IQ4_NL; on
+// many rows Q6_K 37.8 / 39.4, IQ4_XS 31.9 / 34.9, MXFP4 29.4 / 33.8; m=4 on few rows Q4_0 26.3 / 29.8, Q4_1
+// 30.2 / 32.3, Q5_1 32.0 / 35.0, Q8_0 39.8 / 41.7; Q2_K from m=4 on many rows (30.8 / 32.8; 30.7 / 47.2 at m=8)
+// and from 5 on few rows (38.3 / 41.2; 39.6 / 51.4 at m=8), Q6_K from 5 on few rows (43.5 / 57.4; 44.1 / 69.6 at
+// m=8). Equal within the noise elsewhere (repeated cases differ by up to 3.5%). The unstaged kernel's crossings
+// are those of its own measurement (above); formats not measured there from 7. The per-16 formats have fragment
 // readers for staged chunks only (fragment_group): their rows on 4-byte boundaries but not on 16 keep the dp4a
 // kernels.
 template <class F>
@@ -532,14 +538,16 @@ constexpr int fragment_min_m(bool few_rows, bool staged) {
 #if defined(GGML_EXT_FRAGMENT_FROM_M)  // timing builds of bench/cuda_kernel_driver.cu: route from this m on
   return GGML_EXT_FRAGMENT_FROM_M;
 #endif
-  if (staged) {
-    if constexpr (std::is_same_v<F, FmtQ3_K>) return 3;
-    if constexpr (std::is_same_v<F, FmtQ6_K>) return few_rows ? kDecodeMaxM + 1 : 5;
-    if constexpr (std::is_same_v<F, FmtQ2_K>) return kDecodeMaxM + 1;
-    if constexpr (std::is_same_v<F, FmtQ4_K>) return 4;
+  if (staged) {  // h100-2026-11-26i (above); many rows / few rows
+    if constexpr (std::is_same_v<F, FmtQ3_K> || std::is_same_v<F, FmtQ4_K> || std::is_same_v<F, FmtQ5_0> ||
+                  std::is_same_v<F, FmtIQ4_NL>)
+      return 3;
+    if constexpr (std::is_same_v<F, FmtQ6_K> || std::is_same_v<F, FmtIQ4_XS> || std::is_same_v<F, FmtMXFP4>)
+      return few_rows ? 5 : 3;
+    if constexpr (std::is_same_v<F, FmtQ2_K>) return few_rows ? 5 : 4;
     if constexpr (std::is_same_v<F, FmtQ5_K>) return few_rows ? 4 : 2;
-    if constexpr (std::is_same_v<F, FmtQ4_0>) return few_rows ? 5 : 4;
-    return 5;
+    if constexpr (std::is_same_v<F, FmtQ4_0>) return 4;
+    return few_rows ? 4 : 5;  // Q4_1, Q5_1, Q8_0
   }
   if constexpr (std::is_same_v<F, FmtQ4_K>) return 5;
   if constexpr (std::is_same_v<F, FmtQ4_0>) return few_rows ? 6 : 5;
@@ -806,7 +814,8 @@ void set_staged_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
 }
 
 // bench/cuda_kernel_driver.cu's variant builds (-DGGML_EXT_TUNING): whether GGML_EXT_STAGED names `variant`
-// (<warps><stages> of the staged kernel, "unstaged", or "dp4a": no tensor-core kernel); never in the package's builds.
+// (<warps><stages> of the staged kernel, "unstaged", "dp4a": no tensor-core kernel, "frag": a tensor-core kernel from
+// 2 rows of x on wherever one can take the weight, no fused kernel); never in the package's builds.
 inline bool tuning_variant(const char* variant) {
 #if defined(GGML_EXT_TUNING)
   const char* v = std::getenv("GGML_EXT_STAGED");
@@ -852,7 +861,8 @@ bool set_dot_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
   }
   if constexpr (MB > 1) {
     const bool staged = staged_fits<F>(a);
-    if ((staged || !F::kPerHalf) && a.m >= fragment_min_m<F>(a.n <= kFewRows, staged) && !tuning_variant("dp4a")) {
+    const bool tensor_cores = a.m >= fragment_min_m<F>(a.n <= kFewRows, staged) || tuning_variant("frag");
+    if ((staged || !F::kPerHalf) && tensor_cores && !tuning_variant("dp4a")) {
       set_fragment_step<F, T>(l, a);
       return true;
     }
@@ -949,7 +959,7 @@ const void* fused_kernel(int64_t m, int rows) {
 template <class F, typename T>
 bool set_fused_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
   if (a.m > fused_max_m<F>() || !rows_aligned(a, 4) || a.m * a.k > kFusedMaxK || a.n <= kFewRows ||
-      tuning_variant("twostep"))
+      tuning_variant("twostep") || tuning_variant("frag"))
     return false;
   int per_sm = kFusedBlocksPerSm;
 #if defined(GGML_EXT_TUNING)
