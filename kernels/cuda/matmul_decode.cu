@@ -675,9 +675,15 @@ struct StagedChunk {
 // 39.2 / 39.3 / 40.7 / 45.1 and 78.7 / 54.8 / 37.7 / 37.9 / 43.2: a weight of few rows (a grid of n / 16 blocks)
 // needs more warps per block to keep enough copies in flight; a third stage never beat 8 warps with two.
 constexpr int kStagedStages = 2;
-// The per-16 formats take 8 warps on few rows too (Q3_K 4096x14336 m=8: 29.3 us against 32.5 with 16).
+// The per-16 formats take 8 warps on few rows too (Q3_K 4096x14336 m=8: 29.3 us against 32.5 with 16). Measured
+// again once the copies stopped dividing (b06ffca; bench/results/h100-2026-11-26k-staged-warps.json, a tuning
+// build, 8 / 16 / 4 warps in one run, m=5 and 8): on many rows Q4_0 takes 4 warps (29.5 / 26.1 / 25.5 and 29.4 /
+// 26.5 / 25.9 us; the others within 4% or slower with 4), on few rows Q2_K takes 16 (38.6 / 27.6 and 38.5 / 28.2;
+// Q3_K and Q6_K no faster with 16: 30.0 / 32.5, 42.6 / 42.1).
 template <class F>
 constexpr int staged_split(bool few_rows) {
+  if constexpr (std::is_same_v<F, decode::FmtQ2_K>) return few_rows ? 16 : 8;
+  if constexpr (std::is_same_v<F, decode::FmtQ4_0>) return few_rows ? 16 : 4;
   return few_rows && !std::is_same_v<F, decode::FmtQ8_0> && !F::kPerHalf ? 16 : 8;
 }
 // Whether the staged kernel can take this weight: rows on 16-byte boundaries (so every row's chunk c starts as
@@ -838,8 +844,8 @@ void set_fragment_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
     if (tuning_variant("162")) return set_staged_step<F, T, 16, 2>(l, a);
     if (tuning_variant("24")) return set_staged_step<F, T, 2, 4>(l, a);
 #endif
-    if (staged_split<F>(a.n <= kFewRows) == 16) return set_staged_step<F, T, 16, kStagedStages>(l, a);
-    return set_staged_step<F, T, 8, kStagedStages>(l, a);
+    if (a.n <= kFewRows) return set_staged_step<F, T, staged_split<F>(true), kStagedStages>(l, a);
+    return set_staged_step<F, T, staged_split<F>(false), kStagedStages>(l, a);
   }
   if constexpr (!F::kPerHalf) {
     const bool few = a.n <= kFewRows;  // more warps per 16 rows, so that the grid keeps enough loads in flight
