@@ -57,7 +57,7 @@ def all_cases():
     pos = mx.arange(2048, dtype=mx.int32)
     mx.eval(x, w, r, r_mlx, pos)
     # MLX's copy, the bandwidth baseline, is measured several times through the run (before each weight type and
-    # at the end): it moved by 15% between machines, so parse() states ratios against the median of this run's.
+    # at the end): it moved by up to 30% within one run, so parse() states ratios against the median of this run's.
     copies = iter(range(100))
 
     def copy_case():
