@@ -1,0 +1,114 @@
+// Times of the CPU quantized-matmul kernel (AVX-512 variant) without MLX, next to the streaming-read roofline of
+// the same bytes on the same thread pool: for same-machine A/B runs of two builds of kernels/cpu/matmul.cpp (this
+// 2-core VM's noise moves single runs of one build by up to 2x, so alternate the builds and compare medians).
+//
+//   ISA="-mavx2 -mfma -mf16c -mbmi2 -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx512vbmi"
+//   F="-std=c++20 -O3 -fno-math-errno -ffp-contract=fast $ISA -DGGML_EXT_X86_VARIANTS=1 -DGGML_EXT_ISA=isa_avx512 -I."
+//   g++ $F -c kernels/cpu/matmul.cpp -o mm.o && g++ $F -c kernels/cpu/stream.cpp -o stream.o
+//   RUNTIME="kernels/cpu/runtime/isa.cpp kernels/cpu/runtime/parallel.cpp"
+//   g++ -std=c++20 -O2 -DGGML_EXT_X86_VARIANTS=1 -I. bench/cpu_kernel_driver.cpp $RUNTIME mm.o stream.o -o cpu_driver
+//   ./cpu_driver Q4_0 14336 4096 8 [reps]      # type, N, K, rows of x (m), rounds
+//
+// Each round times 4 products on 4 distinct weights (so they come from DRAM, not the 32 MB L3), then a streaming
+// read of the same 4 weights; one JSON line with the medians and their ratio (fraction_of_roofline). The blocks
+// are random codes with every float16 scale 0.01 (MXFP4's exponent 2^-7): the kernels do not branch on values.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/common/ggml_blocks.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/parallel.h"
+#include "kernels/cpu/stream.h"
+
+namespace ggml_ext::cpu::isa_avx512 {
+void quantized_matmul(const MatmulArgs&);
+void stream_read(const StreamArgs&);
+}  // namespace ggml_ext::cpu::isa_avx512
+
+namespace {
+using namespace ggml_ext::cpu;
+
+struct TypeInfo {
+  const char* name;
+  int id;
+  std::vector<int> half_fields;  // byte offsets of the block's float16 scales
+};
+const TypeInfo kTypes[] = {
+    {"Q4_0", GGML_EXT_TYPE_Q4_0, {0}},     {"Q4_1", GGML_EXT_TYPE_Q4_1, {0, 2}},
+    {"Q5_0", GGML_EXT_TYPE_Q5_0, {0}},     {"Q5_1", GGML_EXT_TYPE_Q5_1, {0, 2}},
+    {"Q8_0", GGML_EXT_TYPE_Q8_0, {0}},     {"Q2_K", GGML_EXT_TYPE_Q2_K, {80, 82}},
+    {"Q3_K", GGML_EXT_TYPE_Q3_K, {108}},   {"Q4_K", GGML_EXT_TYPE_Q4_K, {0, 2}},
+    {"Q5_K", GGML_EXT_TYPE_Q5_K, {0, 2}},  {"Q6_K", GGML_EXT_TYPE_Q6_K, {208}},
+    {"IQ4_NL", GGML_EXT_TYPE_IQ4_NL, {0}}, {"IQ4_XS", GGML_EXT_TYPE_IQ4_XS, {0}},
+    {"MXFP4", GGML_EXT_TYPE_MXFP4, {}},
+};
+
+double now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 5) {
+    std::fprintf(stderr, "usage: %s TYPE N K M [rounds]\n", argv[0]);
+    return 2;
+  }
+  const TypeInfo* type = nullptr;
+  for (const auto& t : kTypes)
+    if (std::strcmp(t.name, argv[1]) == 0) type = &t;
+  const int64_t n = std::atoll(argv[2]), k = std::atoll(argv[3]), m = std::atoll(argv[4]);
+  const int rounds = argc > 5 ? std::atoi(argv[5]) : 15;
+  if (!type || n <= 0 || m <= 0 || k <= 0 || k % ggml_ext_block_size(type->id) != 0 || rounds <= 0) {
+    std::fprintf(stderr, "unknown type, or K not a multiple of the block size, or a size <= 0\n");
+    return 2;
+  }
+  constexpr int kWeights = 4;
+  const int64_t block_bytes = ggml_ext_type_size(type->id);
+  const int64_t row_bytes = k / ggml_ext_block_size(type->id) * block_bytes;
+  std::mt19937 rng(1);
+  std::vector<std::vector<uint8_t>> weights(kWeights, std::vector<uint8_t>(n * row_bytes));
+  const uint16_t scale = 0x211F;  // 0.01 in float16
+  for (auto& w : weights) {
+    for (auto& b : w) b = static_cast<uint8_t>(rng());
+    for (int64_t at = 0; at < static_cast<int64_t>(w.size()); at += block_bytes) {
+      for (int field : type->half_fields) std::memcpy(&w[at + field], &scale, 2);
+      if (type->id == GGML_EXT_TYPE_MXFP4) w[at] = 120;
+    }
+  }
+  std::vector<float> x(m * k), out(m * n);
+  for (auto& v : x) v = static_cast<float>(rng() % 2001) / 1000.0f - 1.0f;
+
+  std::vector<double> product_s, read_s;
+  float checksum = 0.0f;
+  for (int r = 0; r < rounds; ++r) {
+    double t0 = now();
+    for (auto& w : weights) {
+      isa_avx512::quantized_matmul(
+          MatmulArgs{x.data(), FloatType::f32, w.data(), type->id, out.data(), FloatType::f32, m, n, k, false});
+    }
+    product_s.push_back((now() - t0) / kWeights);
+    t0 = now();
+    for (auto& w : weights) {
+      isa_avx512::stream_read(StreamArgs{w.data(), nullptr, static_cast<int64_t>(w.size()) / 64 * 64, &checksum});
+    }
+    read_s.push_back((now() - t0) / kWeights);
+  }
+  const double product = median(product_s), read = median(read_s), bytes = static_cast<double>(n * row_bytes);
+  std::printf("{\"bench\": \"cpu_kernel_driver\", \"type\": \"%s\", \"shape\": [%lld, %lld], \"m\": %lld, "
+              "\"threads\": %d, \"rounds\": %d, \"time_ms\": %.4f, \"min_ms\": %.4f, \"weight_gbs\": %.2f, "
+              "\"read_roofline_gbs\": %.2f, \"fraction_of_roofline\": %.3f, \"out0\": %.6g}\n",
+              type->name, static_cast<long long>(n), static_cast<long long>(k), static_cast<long long>(m),
+              num_threads(), rounds, product * 1e3, *std::min_element(product_s.begin(), product_s.end()) * 1e3,
+              bytes / product / 1e9, bytes / read / 1e9, read / product, static_cast<double>(out[0]));
+  return 0;
+}
