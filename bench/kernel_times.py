@@ -18,6 +18,7 @@ The run was made with the Nsight Compute of the GPU machine; without it this scr
 import argparse
 import contextlib
 import csv
+import itertools
 import json
 import re
 import statistics
@@ -58,7 +59,7 @@ def all_cases():
     mx.eval(x, w, r, r_mlx, pos)
     # MLX's copy, the bandwidth baseline, is measured several times through the run (before each weight type and
     # at the end): it moved by up to 30% within one run, so parse() states ratios against the median of this run's.
-    copies = iter(range(100))
+    copies = itertools.count()
 
     def copy_case():
         return (f"{COPY} #{next(copies)}", 2 * x.nbytes, lambda: x + 0)

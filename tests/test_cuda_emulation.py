@@ -45,12 +45,12 @@ if not (CXX and CUDA_INCLUDE):
     pytest.skip(f"host emulation of the CUDA kernels needs {missing}", allow_module_level=True)
 
 F32, F16, BF16 = 0, 1, 2  # ggml_ext::cpu::FloatType
+NP_TYPES = {F32: np.float32, F16: np.float16, BF16: np.uint16}
 
 
 def param_id(value):
     """A test id part: a type by its name (GGMLType is an IntEnum, whose str is its number)."""
     return value.name if isinstance(value, GGMLType) else str(value)
-NP_TYPES = {F32: np.float32, F16: np.float16, BF16: np.uint16}
 
 
 class RmsNormArgs(ctypes.Structure):
@@ -429,7 +429,7 @@ def test_decode_many_rows(kernels, t, m):
     each block's shared memory, rows of x one after another; the emulation reports 2 multiprocessors, so each warp
     loops over many rows; Q2_K: the code sums of both halves; Q4_0, Q5_1 and IQ4_XS at m=1: each warp takes pairs
     of weight rows, the last pair of these 8195 rows half past the end); above, the staged tensor-core kernel with
-    8 warps per 16 rows instead of 16."""
+    8 warps per 16 rows (Q4_0: 4) instead of 16."""
     got, exact, theirs = decode_case(kernels, t, F16, m, 256, n=8195, out_f32=True)
     assert_no_less_accurate_than_ggml(got, exact, theirs, "many rows", 256)
 
