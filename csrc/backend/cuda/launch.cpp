@@ -123,7 +123,12 @@ CUfunction driver_function(const void* kernel, unsigned shared_bytes) {
                                    cudaGetErrorString(err), "); it was built for CUDA architectures ",
                                    MLX_GGML_EXT_CUDA_ARCHITECTURES, "."));
     }
-    it = functions.emplace(kernel, std::make_pair(reinterpret_cast<CUfunction>(function), 48u * 1024)).first;
+    // The default 48 KB bound static and dynamic shared memory together: the dynamic part's limit is what the
+    // kernel's static arrays leave of it.
+    cudaFuncAttributes attributes{};
+    check(cudaFuncGetAttributes(&attributes, kernel), "cudaFuncGetAttributes");
+    const unsigned dynamic_limit = static_cast<unsigned>(48 * 1024 - attributes.sharedSizeBytes);
+    it = functions.emplace(kernel, std::make_pair(reinterpret_cast<CUfunction>(function), dynamic_limit)).first;
   }
   if (shared_bytes > it->second.second) {
     check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared_bytes)),

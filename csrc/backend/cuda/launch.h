@@ -31,7 +31,8 @@ mx::cu::CommandEncoder& begin(const mx::Stream& stream, const std::vector<mx::ar
 
 // The driver handle of a kernel compiled into this extension (MLX links its own CUDA runtime, which does not
 // know our kernels), looked up once per kernel, with its dynamic shared memory limit raised to
-// `shared_bytes` where that exceeds the default 48 KB. Throws when the kernel cannot run on this GPU.
+// `shared_bytes` where that and the kernel's static shared memory exceed the default 48 KB. Throws when the kernel
+// cannot run on this GPU.
 CUfunction driver_function(const void* kernel, unsigned shared_bytes);
 
 // Launches `launch` (from a kernels/cuda *_launch function) with `args` as its one parameter.
