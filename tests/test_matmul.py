@@ -68,7 +68,8 @@ def test_matches_float64_on_the_decoded_weight(t, dtype, m, k):
 def test_decode_on_a_weight_of_many_rows(t):
     """More than 8192 rows, K = 2048 (rows on 16-byte boundaries for every type here), which the GPU's decode
     routes apart from small weights: a few rows of x in one kernel (x quantized in each block's shared memory),
-    and the staged tensor-core kernel from a few rows of x on (Q6_K from 5, Q3_K from 3)."""
+    and the staged tensor-core kernel from a few rows of x on, which for Q4_0 (from 3 rows), Q4_K (3 to 5) and
+    Q6_K, Q8_0 (from 2) quantizes x in its own shared memory, its blocks taking many groups of 16 rows each."""
     rng = np.random.default_rng(int(t) + 77)
     n, k = 8200, 2048
     data, dense = blocks_and_matrix(rng, t, n, k)

@@ -28,7 +28,9 @@
 // codes (stored by x-block) are the 8 columns of an int8 m16n8k32 product (two m16n8k16 products, one per
 // 16-element half, for the formats with a scale per 16), and each lane reads its A-fragment words of the weight
 // from shared memory, where the warp copied its chunks of 16 rows with cp.async (decode_staged_fragment_kernel,
-// rows on 16-byte boundaries), else straight from global memory (decode_fragment_kernel).
+// rows on 16-byte boundaries), else straight from global memory (decode_fragment_kernel). On a weight of many rows
+// the staged kernel of Q4_0, Q4_K (up to 5 rows of x), Q6_K and Q8_0 quantizes x itself (shared_x_min_m): a few
+// blocks per multiprocessor, each with x in its shared memory, take the groups of 16 rows in turn (one step).
 //
 // Float weights (F32/F16/BF16) keep the float kernel (decode_float_kernel): a warp per row, 16-element chunks.
 #include <type_traits>
@@ -417,9 +419,10 @@ __global__ void __launch_bounds__(warps_per_block<MB>() * 32) decode_dot_kernel(
 constexpr int kFusedWarps = 8, kFusedBlocksPerSm = 4;
 constexpr int64_t kFusedMaxK = 32768;  // elements of x (m * k): shared memory, 40 bytes per x-block, 40 KB at most
 
-template <typename T>
-__device__ __forceinline__ void quantize_x_to_shared(const T* x, int xblocks, uint4* lo, uint4* hi,
-                                                     XRecord* records) {
+// Quantizes the `xblocks` x-blocks of x (contiguous) in shared memory, a thread per x-block; store(xb, lo, hi,
+// record) puts x-block xb's codes of elements 0..15 and 16..31 and its record where the kernel reads them.
+template <typename T, class Store>
+__device__ __forceinline__ void quantize_x_to_shared(const T* x, int xblocks, Store&& store) {
   const bool vector = aligned(x, 4 * sizeof(T));
 #pragma unroll 2
   for (int xb = threadIdx.x; xb < xblocks; xb += blockDim.x) {
@@ -437,9 +440,8 @@ __device__ __forceinline__ void quantize_x_to_shared(const T* x, int xblocks, ui
     int sums[2] = {0, 0};
 #pragma unroll
     for (int w = 0; w < 8; ++w) words[w] = scale.pack(v[w], sums[w / 4]);
-    lo[xb] = uint4{words[0], words[1], words[2], words[3]};
-    hi[xb] = uint4{words[4], words[5], words[6], words[7]};
-    records[xb] = XRecord{scale.d, (sums[0] & 0xFFFF) | (sums[1] << 16)};
+    store(xb, uint4{words[0], words[1], words[2], words[3]}, uint4{words[4], words[5], words[6], words[7]},
+          XRecord{scale.d, (sums[0] & 0xFFFF) | (sums[1] << 16)});
   }
 }
 
@@ -454,8 +456,11 @@ __global__ void __launch_bounds__(kFusedWarps * 32) decode_fused_kernel(Quantize
   uint4* planes = dynamic_shared_memory<uint4>();
   const int all = static_cast<int>(a.m) * xblocks;  // x-blocks of the batch's rows of x, contiguous in x
   const SharedX x{planes, planes + all, reinterpret_cast<const XRecord*>(planes + 2 * all), xblocks};
-  quantize_x_to_shared(static_cast<const T*>(a.x) + z * a.m * a.k, all, planes, planes + all,
-                       reinterpret_cast<XRecord*>(planes + 2 * all));
+  quantize_x_to_shared(static_cast<const T*>(a.x) + z * a.m * a.k, all, [&](int xb, uint4 lo, uint4 hi, XRecord r) {
+    planes[xb] = lo;
+    planes[all + xb] = hi;
+    reinterpret_cast<XRecord*>(planes + 2 * all)[xb] = r;
+  });
   __syncthreads();
   constexpr int kG = lane_group<F, kRows>(), kUnroll = 4 / kG;  // four x-blocks' loads in flight per lane
   const int groups = xblocks / kG;
@@ -556,39 +561,74 @@ constexpr int fragment_min_m(bool few_rows, bool staged) {
   if constexpr (std::is_same_v<F, FmtIQ4_XS>) return few_rows ? 5 : 7;
   return 7;
 }
+// Where the tensor-core kernels read x, quantized and ordered by x-block (x-block j of row i of x at slot j m + i):
+// step 0's workspace (quantize_x_kernel<T, true>) ...
+struct GlobalBlockX {
+  const uint32_t* codes;
+  const XRecord* records;
+  // Codes read from column (row of x) `col` on: word(first, h, t) is word t of half h (the codes of elements
+  // 16 h + 4 t .. 16 h + 4 t + 3) of slot first + col.
+  __device__ __forceinline__ void at_column(int col) { codes += col * 8; }
+  __device__ __forceinline__ uint32_t word(int64_t first, int h, int t) const {
+    return __ldg(codes + first * 8 + 4 * h + t);
+  }
+  __device__ __forceinline__ int2 record(int64_t slot) const {
+    return __ldg(reinterpret_cast<const int2*>(records + slot));
+  }
+};
+// ... or shared memory (decode_staged_fragment_kernel with kSharedX), the halves of every other 4 slots swapped,
+// so that the 8 columns' words of an x-block (8 consecutive slots, 32 bytes each) fall in distinct banks.
+struct SharedBlockX {
+  uint4* codes;  // two per slot
+  XRecord* records;
+  int col = 0;
+  __device__ __forceinline__ void at_column(int column) { col = column; }
+  static __device__ __forceinline__ int half_at(int64_t slot, int h) { return h ^ static_cast<int>((slot >> 2) & 1); }
+  __device__ __forceinline__ void put(int64_t slot, uint4 lo, uint4 hi, XRecord r) const {
+    codes[2 * slot + half_at(slot, 0)] = lo;
+    codes[2 * slot + half_at(slot, 1)] = hi;
+    records[slot] = r;
+  }
+  __device__ __forceinline__ uint32_t word(int64_t first, int h, int t) const {
+    const int64_t slot = first + col;
+    return reinterpret_cast<const uint32_t*>(codes)[slot * 8 + 4 * half_at(slot, h) + t];
+  }
+  __device__ __forceinline__ int2 record(int64_t slot) const { return reinterpret_cast<const int2*>(records)[slot]; }
+};
+
+__device__ __forceinline__ GlobalBlockX global_block_x(const QuantizedMatmulArgs& a, int64_t z) {
+  return GlobalBlockX{reinterpret_cast<const uint32_t*>(x_codes(a, z)), x_records(a, z)};
+}
+
 // What both tensor-core kernels do per x-block and at the end: lane (g, t)'s share of the m16n8k32 product of
-// 16 weight rows with x's 8 columns (rows of x, clamped to the last past m), scaled into acc, then the block's
-// kSplit warps' sums met in shared memory and stored.
-template <class F>
+// 16 weight rows (from n0) with x's 8 columns (rows of x, clamped to the last past m), scaled into acc, then the
+// block's kSplit warps' sums met in shared memory and stored.
+template <class F, class X>
 struct FragmentDot {
   const QuantizedMatmulArgs& a;
   int64_t n0, z;
   int m, t;
   int out_col[2];
-  const uint32_t* codes;
-  const XRecord* records;
+  X x;
   float acc[4] = {};
 
-  __device__ FragmentDot(const QuantizedMatmulArgs& args, int lane)
-      : a(args), n0(static_cast<int64_t>(blockIdx.x) * 16), z(blockIdx.y), m(static_cast<int>(args.m)), t(lane % 4) {
-    // x by x-block (quantize_x_kernel<T, true>): of each x-block, column g's codes (B fragment) and the records
-    // of columns 2t, 2t + 1 (this lane's outputs) lie within 8 * 32 and 8 * 8 bytes.
-    const int g = lane / 4, col_g = g < m ? g : m - 1;
+  __device__ FragmentDot(const QuantizedMatmulArgs& args, int lane, int64_t first_row, const X& source)
+      : a(args), n0(first_row), z(blockIdx.y), m(static_cast<int>(args.m)), t(lane % 4), x(source) {
+    // Of each x-block, column g's codes (B fragment) and the records of columns 2t, 2t + 1 (this lane's outputs).
+    const int g = lane / 4;
+    x.at_column(g < m ? g : m - 1);
     out_col[0] = 2 * t < m ? 2 * t : m - 1;
     out_col[1] = 2 * t + 1 < m ? 2 * t + 1 : m - 1;
-    codes = reinterpret_cast<const uint32_t*>(x_codes(a, z)) + col_g * 8;
-    records = x_records(a, z);
   }
 
   // x-block xb of rows g (lo) and g + 8 (hi).
   __device__ __forceinline__ void add(const decode::Frag& lo, const decode::Frag& hi, int xb) {
     const int64_t first = static_cast<int64_t>(xb) * m;  // x-block xb of row 0 of x
-    const uint32_t bf[2] = {__ldg(codes + first * 8 + t), __ldg(codes + first * 8 + 4 + t)};
+    const uint32_t bf[2] = {x.word(first, 0, t), x.word(first, 1, t)};
     float dx[2];
     int s0[2], s1[2];
 #pragma unroll
-    for (int c = 0; c < 2; ++c)
-      unpack_record(__ldg(reinterpret_cast<const int2*>(records + first + out_col[c])), dx[c], s0[c], s1[c]);
+    for (int c = 0; c < 2; ++c) unpack_record(x.record(first + out_col[c]), dx[c], s0[c], s1[c]);
     if constexpr (F::kPerHalf) {  // a scale per 16 elements: the halves' products apart, scaled in integers
       int d0[4], d1[4];
       mma_s8_16x8x16(d0, lo.lo, hi.lo, bf[0]);
@@ -631,7 +671,7 @@ template <class F, typename T, int kSplit>
 __global__ void __launch_bounds__(kSplit * 32) decode_fragment_kernel(QuantizedMatmulArgs a) {
   __shared__ float partial[kSplit][16][8];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
-  FragmentDot<F> dot(a, lane);
+  FragmentDot<F, GlobalBlockX> dot(a, lane, static_cast<int64_t>(blockIdx.x) * 16, global_block_x(a, blockIdx.y));
   const uint8_t* row_lo = weight_row(a, dot.z, dot.n0 + g);
   const uint8_t* row_hi = weight_row(a, dot.z, dot.n0 + g + 8);
   const int xblocks = static_cast<int>(a.k / 32);
@@ -693,45 +733,43 @@ bool staged_fits(const QuantizedMatmulArgs& a) {
   return rows_aligned(a, 16) && a.k / 32 % StagedChunk<F>::kXBlocks == 0;
 }
 
-template <class F, typename T, int kSplit, int kStages>
+// kSharedX: x's step 0 inside the kernel. The grid is at most a few blocks per multiprocessor (set_staged_step),
+// each quantizing x into its shared memory (as the fused kernel does, ordered by x-block) after asking for its
+// first chunks, then taking groups of 16 rows in turn; a warp's copies run on from one group into the next.
+// Without it, a block per group, as before: a version with the group loop for both did the same work, but its
+// 16-warp Q4_K kernel took 84 registers instead of 64 (ptxas -v), one block per multiprocessor instead of two, and
+// Q4_K on 4096x14336 m=3..8 34.2-35.9 us against 27.6-28.1 with this one (h100-2026-11-26n, -n2- against -o-).
+template <class F, typename T, int kSplit, int kStages, bool kSharedX>
 __global__ void __launch_bounds__(kSplit * 32) decode_staged_fragment_kernel(QuantizedMatmulArgs a) {
   using Chunk = StagedChunk<F>;
   constexpr int kWords = Chunk::kWords;  // per row and chunk, at most
+  constexpr int kStageBytes = 16 * Chunk::kStride;
   __shared__ float partial[kSplit][16][8];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
-  uint8_t* stages = dynamic_shared_memory<uint8_t>() + warp * kStages * 16 * Chunk::kStride;
-  FragmentDot<F> dot(a, lane);
+  uint8_t* stages = dynamic_shared_memory<uint8_t>() + warp * kStages * kStageBytes;
+  const int64_t z = blockIdx.y;
   const int chunks = static_cast<int>(a.k / 32) / Chunk::kXBlocks;
-  // The 16 rows are consecutive: row n0 + r at rows + r * row_bytes, up to the last row (read again past it).
-  const uint8_t* rows = weight_row(a, dot.z, dot.n0);
-  const int last = a.n - dot.n0 < 16 ? static_cast<int>(a.n - dot.n0) - 1 : 15;
-  // Chunk c of the 16 rows into stage s (its 16-byte words, Chunk::words of them), one commit group per call
-  // (empty past the last chunk).
-  auto issue = [&](int c, int s) {
-    if (c < chunks) {
-      uint8_t* dst = stages + s * 16 * Chunk::kStride;
-      const int words = Chunk::words(c);
-      const uint8_t* src = rows + 16 * static_cast<int64_t>(Chunk::first_word(c));
-      for (int i = lane; i < 16 * kWords; i += 32) {
-        const int r = i / kWords, u = i % kWords;
-        if (!Chunk::kLead || u < words)
-          copy_async_16(dst + r * Chunk::kStride + 16 * u, src + (r < last ? r : last) * a.row_bytes + 16 * u);
-      }
+  // The 16 consecutive rows from n0: row n0 + r at rows + r * row_bytes, up to the last row (read again past it).
+  auto last_row = [&](int64_t n0) { return a.n - n0 < 16 ? static_cast<int>(a.n - n0) - 1 : 15; };
+  // Chunk c of those rows into stage s (its 16-byte words, Chunk::words of them).
+  auto copy_chunk = [&](const uint8_t* rows, int last, int c, int s) {
+    uint8_t* dst = stages + s * kStageBytes;
+    const int words = Chunk::words(c);
+    const uint8_t* src = rows + 16 * static_cast<int64_t>(Chunk::first_word(c));
+    for (int i = lane; i < 16 * kWords; i += 32) {
+      const int r = i / kWords, u = i % kWords;
+      if (!Chunk::kLead || u < words)
+        copy_async_16(dst + r * Chunk::kStride + 16 * u, src + (r < last ? r : last) * a.row_bytes + 16 * u);
     }
-    copy_async_commit();
   };
-#pragma unroll
-  for (int s = 0; s + 1 < kStages; ++s) issue(warp + s * kSplit, s);
   const typename F::Context ctx;
-  for (int c = warp, i = 0; c < chunks; c += kSplit, ++i) {
-    __syncwarp();  // every lane is done with the stage refilled next (read in the previous iteration)
-    issue(c + (kStages - 1) * kSplit, (i + kStages - 1) % kStages);
-    copy_async_wait<kStages - 1>();
+  // The products of chunk c, staged in stage s, with x.
+  auto take_chunk = [&](auto& dot, int c, int s) {
     __syncwarp();  // every lane's copies of chunk c have landed
     // Chunks of whole 16-byte words are read as rows of kXBlocks x-blocks (offsets known at compile time). Others
     // are read as the row itself: the stage as if at the address the row's byte 0 would have (16 first_word(c)
     // bytes before it, 4-byte aligned), so that the readers find x-block c kXBlocks + j where the row holds it.
-    const uint8_t* stage = stages + (i % kStages) * 16 * Chunk::kStride;
+    const uint8_t* stage = stages + s * kStageBytes;
     const int xb0 = c * Chunk::kXBlocks, seen0 = Chunk::kLead ? xb0 : 0;  // x-block j's index for the readers
     if constexpr (Chunk::kLead) stage -= 16 * Chunk::first_word(c);
     constexpr int kG = decode::fragment_group_of<F>();
@@ -744,8 +782,64 @@ __global__ void __launch_bounds__(kSplit * 32) decode_staged_fragment_kernel(Qua
 #pragma unroll
       for (int u = 0; u < kG; ++u) dot.add(lo[u], hi[u], xb0 + j + u);
     }
+  };
+  if constexpr (!kSharedX) {
+    const int64_t n0 = static_cast<int64_t>(blockIdx.x) * 16;
+    FragmentDot<F, GlobalBlockX> dot(a, lane, n0, global_block_x(a, z));
+    const uint8_t* rows = weight_row(a, z, n0);
+    const int last = last_row(n0);
+    auto issue = [&](int c, int s) {  // one commit group per call (empty past the last chunk)
+      if (c < chunks) copy_chunk(rows, last, c, s);
+      copy_async_commit();
+    };
+#pragma unroll
+    for (int s = 0; s + 1 < kStages; ++s) issue(warp + s * kSplit, s);
+    for (int c = warp, i = 0; c < chunks; c += kSplit, ++i) {
+      __syncwarp();  // every lane is done with the stage refilled next (read in the previous iteration)
+      issue(c + (kStages - 1) * kSplit, (i + kStages - 1) % kStages);
+      copy_async_wait<kStages - 1>();
+      take_chunk(dot, c, i % kStages);
+    }
+    dot.template store<T, kSplit>(partial, warp, lane);
+  } else {
+    const int64_t groups = (a.n + 15) / 16;
+    // The next chunk to copy: chunk next_c of group next_group (this warp's chunks are warp, warp + kSplit, ...
+    // of each of the block's groups). One commit group per call (empty past the block's last chunk).
+    int64_t next_group = blockIdx.x;
+    int next_c = warp;
+    auto issue = [&](int s) {
+      if (next_c < chunks && next_group < groups) {
+        copy_chunk(weight_row(a, z, next_group * 16), last_row(next_group * 16), next_c, s);
+        next_c += kSplit;
+        if (next_c >= chunks) next_c = warp, next_group += gridDim.x;
+      }
+      copy_async_commit();
+    };
+#pragma unroll
+    for (int s = 0; s + 1 < kStages; ++s) issue(s);
+    // x quantized behind the copies just issued
+    const int xblocks = static_cast<int>(a.k / 32), m = static_cast<int>(a.m);
+    SharedBlockX x;
+    x.codes = reinterpret_cast<uint4*>(dynamic_shared_memory<uint8_t>() + kSplit * kStages * kStageBytes);
+    x.records = reinterpret_cast<XRecord*>(x.codes + 2 * m * xblocks);
+    quantize_x_to_shared(static_cast<const T*>(a.x) + z * a.m * a.k, m * xblocks,
+                         [&](int i, uint4 lo, uint4 hi, XRecord r) {  // x-block i of x: row i / xblocks
+                           x.put(static_cast<int64_t>(i % xblocks) * m + i / xblocks, lo, hi, r);
+                         });
+    __syncthreads();
+    int i = 0;  // chunks taken by this warp so far: chunk i is in stage i % kStages
+    for (int64_t group = blockIdx.x; group < groups; group += gridDim.x) {
+      FragmentDot<F, SharedBlockX> dot(a, lane, group * 16, x);
+      for (int c = warp; c < chunks; c += kSplit, ++i) {
+        __syncwarp();  // every lane is done with the stage refilled next (read in the previous iteration)
+        issue((i + kStages - 1) % kStages);
+        copy_async_wait<kStages - 1>();
+        take_chunk(dot, c, i % kStages);
+      }
+      dot.template store<T, kSplit>(partial, warp, lane);
+      __syncthreads();  // every warp has read `partial` before the next group writes it
+    }
   }
-  dot.template store<T, kSplit>(partial, warp, lane);
 }
 
 // ------------------------------------------------------------------------------------------------ float
@@ -811,12 +905,30 @@ void set_direct_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
   l.block = dim3(kWarps * 32);
 }
 
-template <class F, typename T, int kSplit, int kStages>
+// Blocks per multiprocessor of a kernel whose blocks hold `shared_bytes` of shared memory and `threads` threads
+// (an H100's 228 KB and 2048 threads, 1 KB reserved per block), at most `cap`.
+inline int resident_blocks(int64_t shared_bytes, int threads, int cap) {
+  const int64_t by_shared = 233472 / (shared_bytes + 1024), by_threads = 2048 / threads;
+  const int64_t n = by_shared < by_threads ? by_shared : by_threads;
+  return static_cast<int>(n < 1 ? 1 : n > cap ? cap : n);
+}
+
+template <class F, typename T, int kSplit, int kStages, bool kSharedX = false>
 void set_staged_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
-  l.kernel = reinterpret_cast<const void*>(&decode_staged_fragment_kernel<F, T, kSplit, kStages>);
-  l.grid = dim3(ceil_div(a.n, 16), static_cast<unsigned>(a.batches));
+  l.kernel = reinterpret_cast<const void*>(&decode_staged_fragment_kernel<F, T, kSplit, kStages, kSharedX>);
   l.block = dim3(kSplit * 32);
   l.shared_bytes = static_cast<unsigned>(kSplit * kStages * 16 * StagedChunk<F>::kStride);
+  int64_t blocks = ceil_div(a.n, 16);
+  if constexpr (kSharedX) {
+    l.shared_bytes += static_cast<unsigned>(a.m * a.k / 32 * (32 + sizeof(XRecord)));
+    int per_sm = resident_blocks(l.shared_bytes + kSplit * 16 * 8 * 4, kSplit * 32, 4);
+#if defined(GGML_EXT_TUNING)
+    if (const char* v = std::getenv("GGML_EXT_XS_PER_SM")) per_sm = std::atoi(v);
+#endif
+    const int64_t sms = multiprocessor_count();
+    if (sms > 0 && blocks > sms * per_sm) blocks = sms * per_sm;
+  }
+  l.grid = dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(a.batches));
 }
 
 // bench/cuda_kernel_driver.cu's variant builds (-DGGML_EXT_TUNING): whether GGML_EXT_STAGED names `variant`
@@ -836,13 +948,15 @@ inline bool tuning_variant(const char* variant) {
 template <class F, typename T>
 void set_fragment_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
   if (F::kPerHalf || (staged_fits<F>(a) && !tuning_variant("unstaged"))) {
-#if defined(GGML_EXT_TUNING)
-    if (tuning_variant("42")) return set_staged_step<F, T, 4, 2>(l, a);
-    if (tuning_variant("43")) return set_staged_step<F, T, 4, 3>(l, a);
-    if (tuning_variant("82")) return set_staged_step<F, T, 8, 2>(l, a);
-    if (tuning_variant("83")) return set_staged_step<F, T, 8, 3>(l, a);
-    if (tuning_variant("162")) return set_staged_step<F, T, 16, 2>(l, a);
-    if (tuning_variant("24")) return set_staged_step<F, T, 2, 4>(l, a);
+#if defined(GGML_EXT_TUNING)  // float16 x only (the benchmarks'), so that the tuning build stays quick
+    if constexpr (std::is_same_v<T, __half>) {
+      if (tuning_variant("42")) return set_staged_step<F, T, 4, 2>(l, a);
+      if (tuning_variant("43")) return set_staged_step<F, T, 4, 3>(l, a);
+      if (tuning_variant("82")) return set_staged_step<F, T, 8, 2>(l, a);
+      if (tuning_variant("83")) return set_staged_step<F, T, 8, 3>(l, a);
+      if (tuning_variant("162")) return set_staged_step<F, T, 16, 2>(l, a);
+      if (tuning_variant("24")) return set_staged_step<F, T, 2, 4>(l, a);
+    }
 #endif
     if (a.n <= kFewRows) return set_staged_step<F, T, staged_split<F>(true), kStagedStages>(l, a);
     return set_staged_step<F, T, staged_split<F>(false), kStagedStages>(l, a);
@@ -896,7 +1010,9 @@ bool set_dot_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
 // Q5_K 25.5 / 32.0, Q2_K 21.6 / 26.5, Q3_K 30.1 / 35.6, IQ4_NL 25.9 / 31.2, IQ4_XS 26.3 / 31.0, MXFP4 25.4 / 31.2,
 // Q4_K 23.7 / 29.3, Q8_0 29.7 / 30.6. Q4_0 also at m = 3, 4 (h100-2026-11-25zz-fused-few-rows.json: 24.6 / 28.4
 // against 29.4 / 29.2 in an earlier run); the others were slower there in the kernel built for 4 rows (Q4_K, Q8_0
-// 39.8-48.8 against 32.6-36.7). Q6_K never (27.9 against 26.6 us at m=1; not measured at m=2).
+// 39.8-48.8 against 32.6-36.7). Q6_K never (27.9 against 26.6 us at m=1; not measured at m=2). Where the staged
+// kernel with x in shared memory takes a weight (shared_x_min_m, set_shared_x_step: rows on 16-byte boundaries),
+// it comes first: Q4_0 keeps the fused kernel at m = 3, 4 only for rows on 4-byte boundaries but not on 16.
 template <class F>
 constexpr int fused_max_m() {
   if constexpr (std::is_same_v<F, decode::FmtQ6_K>) return 0;
@@ -981,10 +1097,63 @@ bool set_fused_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
   return true;
 }
 
+// The staged kernel with x's step 0 inside (kSharedX) on a weight of many rows: for which rows of x (from
+// shared_x_min_m, kDecodeMaxM + 1: never, to shared_x_max_m), with how many warps per 16 rows. H100, ncu through
+// MLX, 14336x4096, a -DGGML_EXT_TUNING build, each case by default and with GGML_EXT_STAGED=xs4 / xs8 / xs16 (4, 8,
+// 16 warps, from 2 rows of x on) in one run (bench/results/h100-2026-11-26m-shared-x.json), m = 2 / 3 / 4 / 5 / 8,
+// default against the best: Q4_0 20.7 (fused) / 24.1 / 28.3 / 27.8 / 28.7 us against 21.8 (8) / 23.6 (8) / 23.8
+// (8) / 24.4 (8) / 25.5 (16); Q4_K 23.4 (fused) / 29.1 / 29.5 / 30.2 / 29.8 against 26.8 / 27.9 / 28.6 / 28.8 (8) /
+// 29.7 (16); Q6_K 37.6 / 35.8 / 36.1 / 36.4 / 38.2 against 33.3 / 33.2 / 34.0 / 34.1 / 36.0 (16); Q8_0 28.7 /
+// 33.5 / 34.3 / 39.6 / 40.0 against 28.6 / 29.2 / 29.2 / 30.5 / 31.5 (16). 4 warps were never the fastest. Q4_K
+// keeps both steps from m=6: 16 warps were no faster at m=8 and took 31.7-31.8 us at m=6 in three runs of release
+// builds (-n-, -n2-, -o-; both steps 29.5 in -l-). The other formats were not measured: both steps.
+template <class F>
+constexpr int shared_x_min_m() {
+  using namespace decode;
+  if constexpr (std::is_same_v<F, FmtQ4_0> || std::is_same_v<F, FmtQ4_K>) return 3;
+  if constexpr (std::is_same_v<F, FmtQ6_K> || std::is_same_v<F, FmtQ8_0>) return 2;
+  return kDecodeMaxM + 1;
+}
+template <class F>
+constexpr int shared_x_max_m() {
+  return std::is_same_v<F, decode::FmtQ4_K> ? 5 : kDecodeMaxM;
+}
+template <class F>
+constexpr bool shared_x_takes_8_warps() {  // up to 5 rows of x (16 from 6 on)
+  return std::is_same_v<F, decode::FmtQ4_0> || std::is_same_v<F, decode::FmtQ4_K>;
+}
+
+// The staged kernel with x's step 0 inside where it applies: rows on 16-byte boundaries in whole chunks, x's
+// blocks in shared memory (m * k <= kFusedMaxK), many weight rows (so that each block's quantizing of x serves
+// several groups of 16 rows). Tuning builds: GGML_EXT_STAGED=xs<warps>[<stages>] takes it from 2 rows of x on.
+template <class F, typename T>
+bool set_shared_x_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
+  if (a.m < 2 || a.n <= kFewRows || a.m * a.k > kFusedMaxK || !staged_fits<F>(a)) return false;
+#if defined(GGML_EXT_TUNING)
+  if constexpr (std::is_same_v<T, __half>) {
+    if (tuning_variant("xs4")) return set_staged_step<F, T, 4, 2, true>(l, a), true;
+    if (tuning_variant("xs8")) return set_staged_step<F, T, 8, 2, true>(l, a), true;
+    if (tuning_variant("xs16")) return set_staged_step<F, T, 16, 2, true>(l, a), true;
+    if (tuning_variant("xs83")) return set_staged_step<F, T, 8, 3, true>(l, a), true;
+  }
+#endif
+  if constexpr (shared_x_min_m<F>() <= kDecodeMaxM) {
+    if (a.m < shared_x_min_m<F>() || a.m > shared_x_max_m<F>() || tuning_variant("twostep") ||
+        tuning_variant("frag"))
+      return false;
+    if constexpr (shared_x_takes_8_warps<F>()) {
+      if (a.m <= 5) return set_staged_step<F, T, 8, kStagedStages, true>(l, a), true;
+    }
+    if constexpr (shared_x_max_m<F>() > 5 || !shared_x_takes_8_warps<F>())
+      return set_staged_step<F, T, 16, kStagedStages, true>(l, a), true;
+  }
+  return false;
+}
+
 template <typename T, class F>
 QuantizedMatmulPlan dot_plan(const QuantizedMatmulArgs& a) {
   QuantizedMatmulPlan p;
-  if (set_fused_step<F, T>(p.steps[0], a)) return p;
+  if (set_shared_x_step<F, T>(p.steps[0], a) || set_fused_step<F, T>(p.steps[0], a)) return p;
   KernelLaunch& q = p.steps[0];
   KernelLaunch& d = p.steps[1];
   bool by_block;
