@@ -448,6 +448,18 @@ def test_decode_many_rows_shared_x(kernels, t, m, batches):
     assert_no_less_accurate_than_ggml(got, exact, theirs, "many rows, shared x", 2048)
 
 
+def test_decode_shared_x_beyond_the_block_shared_memory(kernels):
+    """A GPU that gives a block less shared memory than the staged kernel with x inside needs (here sm_86's 99 KB
+    against Q8_0's 16 warps of stages plus x, about 160 KB; the emulated launch fails a block asking for more, as
+    a GPU's does): the plan falls back to both steps instead of failing."""
+    kernels.emulated_set_block_shared_limit(99 * 1024)
+    try:
+        got, exact, theirs = decode_case(kernels, GGMLType.Q8_0, F16, 8, 2048, n=8200, out_f32=True)
+    finally:
+        kernels.emulated_set_block_shared_limit(232448)
+    assert_no_less_accurate_than_ggml(got, exact, theirs, "shared x beyond the limit", 2048)
+
+
 def test_decode_non_finite_x(kernels):
     """A NaN in a row of x makes that row's outputs NaN; an infinity makes them non-finite; others stay finite."""
     rng = np.random.default_rng(5)

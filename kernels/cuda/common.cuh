@@ -196,13 +196,15 @@ __device__ __forceinline__ void warp_copy(const uint8_t* src, uint8_t* dst, int 
   }
 }
 
-// Streaming multiprocessors of the current device (0 if the runtime cannot tell).
-inline int multiprocessor_count() {
-  int device = 0, count = 0;
+// An attribute of the current device (0 if the runtime cannot tell).
+inline int device_attribute(cudaDeviceAttr attribute) {
+  int device = 0, value = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return 0;
-  if (cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return 0;
-  return count;
+  if (cudaDeviceGetAttribute(&value, attribute, device) != cudaSuccess) return 0;
+  return value;
 }
+// Streaming multiprocessors of the current device (0 if the runtime cannot tell).
+inline int multiprocessor_count() { return device_attribute(cudaDevAttrMultiProcessorCount); }
 
 inline unsigned ceil_div(int64_t a, int64_t b) { return static_cast<unsigned>((a + b - 1) / b); }
 

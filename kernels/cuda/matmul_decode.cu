@@ -906,13 +906,16 @@ void set_direct_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
 }
 
 // Blocks per multiprocessor of a kernel whose blocks hold `shared_bytes` of shared memory and `threads` threads
-// (an H100's 228 KB and 2048 threads, 1 KB reserved per block), at most `cap`.
+// (of the device's shared memory per multiprocessor, 1 KB reserved per block, and 2048 threads), at most `cap`.
 inline int resident_blocks(int64_t shared_bytes, int threads, int cap) {
-  const int64_t by_shared = 233472 / (shared_bytes + 1024), by_threads = 2048 / threads;
+  const int64_t by_shared = device_attribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor) / (shared_bytes + 1024);
+  const int64_t by_threads = 2048 / threads;
   const int64_t n = by_shared < by_threads ? by_shared : by_threads;
   return static_cast<int>(n < 1 ? 1 : n > cap ? cap : n);
 }
 
+// kSharedX: leaves `l` empty (no kernel) where the block's shared memory, x's included, is more than the device
+// gives a block (an A100 163 KB, sm_86 99 KB, an H100 227 KB).
 template <class F, typename T, int kSplit, int kStages, bool kSharedX = false>
 void set_staged_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
   l.kernel = reinterpret_cast<const void*>(&decode_staged_fragment_kernel<F, T, kSplit, kStages, kSharedX>);
@@ -921,7 +924,12 @@ void set_staged_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
   int64_t blocks = ceil_div(a.n, 16);
   if constexpr (kSharedX) {
     l.shared_bytes += static_cast<unsigned>(a.m * a.k / 32 * (32 + sizeof(XRecord)));
-    int per_sm = resident_blocks(l.shared_bytes + kSplit * 16 * 8 * 4, kSplit * 32, 4);
+    const int64_t block_shared = l.shared_bytes + sizeof(float) * kSplit * 16 * 8;  // and the static sums
+    if (block_shared > device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin)) {
+      l = KernelLaunch{};
+      return;
+    }
+    int per_sm = resident_blocks(block_shared, kSplit * 32, 4);
 #if defined(GGML_EXT_TUNING)
     if (const char* v = std::getenv("GGML_EXT_XS_PER_SM")) per_sm = std::atoi(v);
 #endif
@@ -1131,10 +1139,10 @@ bool set_shared_x_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
   if (a.m < 2 || a.n <= kFewRows || a.m * a.k > kFusedMaxK || !staged_fits<F>(a)) return false;
 #if defined(GGML_EXT_TUNING)
   if constexpr (std::is_same_v<T, __half>) {
-    if (tuning_variant("xs4")) return set_staged_step<F, T, 4, 2, true>(l, a), true;
-    if (tuning_variant("xs8")) return set_staged_step<F, T, 8, 2, true>(l, a), true;
-    if (tuning_variant("xs16")) return set_staged_step<F, T, 16, 2, true>(l, a), true;
-    if (tuning_variant("xs83")) return set_staged_step<F, T, 8, 3, true>(l, a), true;
+    if (tuning_variant("xs4")) return set_staged_step<F, T, 4, 2, true>(l, a), l.kernel != nullptr;
+    if (tuning_variant("xs8")) return set_staged_step<F, T, 8, 2, true>(l, a), l.kernel != nullptr;
+    if (tuning_variant("xs16")) return set_staged_step<F, T, 16, 2, true>(l, a), l.kernel != nullptr;
+    if (tuning_variant("xs83")) return set_staged_step<F, T, 8, 3, true>(l, a), l.kernel != nullptr;
   }
 #endif
   if constexpr (shared_x_min_m<F>() <= kDecodeMaxM) {
@@ -1142,10 +1150,10 @@ bool set_shared_x_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
         tuning_variant("frag"))
       return false;
     if constexpr (shared_x_takes_8_warps<F>()) {
-      if (a.m <= 5) return set_staged_step<F, T, 8, kStagedStages, true>(l, a), true;
+      if (a.m <= 5) return set_staged_step<F, T, 8, kStagedStages, true>(l, a), l.kernel != nullptr;
     }
     if constexpr (shared_x_max_m<F>() > 5 || !shared_x_takes_8_warps<F>())
-      return set_staged_step<F, T, 16, kStagedStages, true>(l, a), true;
+      return set_staged_step<F, T, 16, kStagedStages, true>(l, a), l.kernel != nullptr;
   }
   return false;
 }

@@ -23,9 +23,14 @@ struct Warp {
 };
 std::vector<Warp> warps;
 
+// The dynamic shared memory a block may have (cudaDevAttrMaxSharedMemoryPerBlockOptin): a launch asking for more
+// fails, as on a GPU.
+int block_shared_limit = 232448;
+
 template <typename Args>
 int run(const ggml_ext::cuda::KernelLaunch& launch, Args args) {
   if (!launch.kernel) return 1;
+  if (launch.shared_bytes > static_cast<unsigned>(block_shared_limit)) return 3;
   auto kernel = reinterpret_cast<void (*)(Args)>(const_cast<void*>(launch.kernel));
   blockDim = launch.block;
   gridDim = launch.grid;
@@ -141,13 +146,20 @@ int emulated_quantized_matmul(kc::QuantizedMatmulArgs args, int ggml_type, int x
 
 }  // extern "C"
 
-// The runtime's device queries (common.cuh's multiprocessor_count): two multiprocessors, so that kernels whose
-// grid follows the device's size loop over more rows than one grid covers.
+// The runtime's device queries (common.cuh's device_attribute): two multiprocessors, so that kernels whose grid
+// follows the device's size loop over more rows than one grid covers; an H100's shared memory per multiprocessor
+// and per block, unless a test sets the block's limit (emulated_set_block_shared_limit) as a smaller GPU's.
+extern "C" void emulated_set_block_shared_limit(int bytes) { block_shared_limit = bytes; }
 extern "C" cudaError_t cudaGetDevice(int* device) {
   *device = 0;
   return cudaSuccess;
 }
 extern "C" cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int) {
-  *value = attr == cudaDevAttrMultiProcessorCount ? 2 : 0;
+  switch (attr) {
+    case cudaDevAttrMultiProcessorCount: *value = 2; break;
+    case cudaDevAttrMaxSharedMemoryPerMultiprocessor: *value = 233472; break;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = block_shared_limit; break;
+    default: *value = 0;
+  }
   return cudaSuccess;
 }
