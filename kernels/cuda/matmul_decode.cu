@@ -29,8 +29,8 @@
 // 16-element half, for the formats with a scale per 16), and each lane reads its A-fragment words of the weight
 // from shared memory, where the warp copied its chunks of 16 rows with cp.async (decode_staged_fragment_kernel,
 // rows on 16-byte boundaries), else straight from global memory (decode_fragment_kernel). On a weight of many rows
-// the staged kernel of Q4_0, Q4_K (up to 5 rows of x), Q6_K and Q8_0 quantizes x itself (shared_x_min_m): a few
-// blocks per multiprocessor, each with x in its shared memory, take the groups of 16 rows in turn (one step).
+// the staged kernel of most formats quantizes x itself (shared_x_route): a few blocks per multiprocessor, each with
+// x in its shared memory, take the groups of 16 rows in turn (one step).
 //
 // Float weights (F32/F16/BF16) keep the float kernel (decode_float_kernel): a warp per row, 16-element chunks.
 #include <type_traits>
@@ -955,6 +955,15 @@ inline bool tuning_variant(const char* variant) {
 #endif
 }
 
+// Whether a weight has too few rows for the one-kernel plans (fused, staged with x inside): each block quantizes
+// all of x for the few rows it then takes. Tuning builds: GGML_EXT_FEW_ROWS_ONE_KERNEL=1 lifts it, to measure them.
+inline bool too_few_rows_for_one_kernel(const QuantizedMatmulArgs& a) {
+#if defined(GGML_EXT_TUNING)
+  if (const char* v = std::getenv("GGML_EXT_FEW_ROWS_ONE_KERNEL"); v != nullptr && std::atoi(v) == 1) return false;
+#endif
+  return a.n <= kFewRows;
+}
+
 // The per-16 formats only where staged_fits (set_dot_step): they have no reader for the unstaged kernel.
 template <class F, typename T>
 void set_fragment_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
@@ -1022,7 +1031,7 @@ bool set_dot_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
 // Q4_K 23.7 / 29.3, Q8_0 29.7 / 30.6. Q4_0 also at m = 3, 4 (h100-2026-11-25zz-fused-few-rows.json: 24.6 / 28.4
 // against 29.4 / 29.2 in an earlier run); the others were slower there in the kernel built for 4 rows (Q4_K, Q8_0
 // 39.8-48.8 against 32.6-36.7). Q6_K never (27.9 against 26.6 us at m=1; not measured at m=2). Where the staged
-// kernel with x in shared memory takes a weight (shared_x_min_m, set_shared_x_step: rows on 16-byte boundaries),
+// kernel with x in shared memory takes a weight (shared_x_route, set_shared_x_step: rows on 16-byte boundaries),
 // it comes first: Q4_0 keeps the fused kernel at m = 3, 4 only for rows on 4-byte boundaries but not on 16.
 template <class F>
 constexpr int fused_max_m() {
@@ -1091,7 +1100,7 @@ const void* fused_kernel(int64_t m, int rows) {
 // The fused kernel where it applies (rows on 4-byte boundaries, x's blocks fit shared memory, many weight rows).
 template <class F, typename T>
 bool set_fused_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
-  if (a.m > fused_max_m<F>() || !rows_aligned(a, 4) || a.m * a.k > kFusedMaxK || a.n <= kFewRows ||
+  if (a.m > fused_max_m<F>() || !rows_aligned(a, 4) || a.m * a.k > kFusedMaxK || too_few_rows_for_one_kernel(a) ||
       tuning_variant("twostep") || tuning_variant("frag"))
     return false;
   int per_sm = kFusedBlocksPerSm;
@@ -1108,30 +1117,39 @@ bool set_fused_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
   return true;
 }
 
-// The staged kernel with x's step 0 inside (kSharedX) on a weight of many rows: for which rows of x (from
-// shared_x_min_m, kDecodeMaxM + 1: never, to shared_x_max_m), with how many warps per 16 rows. H100, ncu through
-// MLX, 14336x4096, a -DGGML_EXT_TUNING build, each case by default and with GGML_EXT_STAGED=xs4 / xs8 / xs16 (4, 8,
-// 16 warps, from 2 rows of x on) in one run (bench/results/h100-2026-11-26m-shared-x.json), m = 2 / 3 / 4 / 5 / 8,
-// default against the best: Q4_0 20.7 (fused) / 24.1 / 28.3 / 27.8 / 28.7 us against 21.8 (8) / 23.6 (8) / 23.8
-// (8) / 24.4 (8) / 25.5 (16); Q4_K 23.4 (fused) / 29.1 / 29.5 / 30.2 / 29.8 against 26.8 / 27.9 / 28.6 / 28.8 (8) /
-// 29.7 (16); Q6_K 37.6 / 35.8 / 36.1 / 36.4 / 38.2 against 33.3 / 33.2 / 34.0 / 34.1 / 36.0 (16); Q8_0 28.7 /
-// 33.5 / 34.3 / 39.6 / 40.0 against 28.6 / 29.2 / 29.2 / 30.5 / 31.5 (16). 4 warps were never the fastest. Q4_K
-// keeps both steps from m=6: 16 warps were no faster at m=8 and took 31.7-31.8 us at m=6 in three runs of release
-// builds (-n-, -n2-, -o-; both steps 29.5 in -l-). The other formats were not measured: both steps.
+// The staged kernel with x's step 0 inside (kSharedX) on a weight of many rows: for which rows of x, with how many
+// warps per 16 rows (8 up to eight_warps_max_m, then 16). H100, ncu through MLX, 14336x4096, -DGGML_EXT_TUNING
+// builds, each case by default and with GGML_EXT_STAGED=xs8 / xs16 (8, 16 warps from 2 rows of x on) in one run.
+// bench/results/h100-2026-11-26m-shared-x.json (also xs4, never the fastest), m = 2 / 3 / 4 / 5 / 8, default
+// against the best: Q4_0 20.7 (fused) / 24.1 / 28.3 / 27.8 / 28.7 us against 21.8 (8) / 23.6 (8) / 23.8 (8) / 24.4
+// (8) / 25.5 (16); Q4_K 23.4 (fused) / 29.1 / 29.5 / 30.2 / 29.8 against 26.8 / 27.9 / 28.6 / 28.8 (8) / 29.7 (16);
+// Q6_K 37.6 / 35.8 / 36.1 / 36.4 / 38.2 against 33.3 / 33.2 / 34.0 / 34.1 / 36.0 (16); Q8_0 28.7 / 33.5 / 34.3 /
+// 39.6 / 40.0 against 28.6 / 29.2 / 29.2 / 30.5 / 31.5 (16). Q4_K keeps both steps from m=6 (16 warps no faster at
+// m=8; 31.7-31.8 us at m=6 in three release runs against 29.5 for both steps).
+// bench/results/h100-2026-11-26p-shared-x-formats.json, m = 2 / 3 / 4 / 5 / 6 / 8, default against xs8 / xs16:
+// Q4_1 21.9 (fused) / 26.6 / 28.2 / 30.3 / 30.4 / 30.5 against 24.3/24.3, 25.2/26.0, 26.4/24.4, 27.4/24.8,
+// 28.5/25.4, 31.6/26.2; Q5_0 22.4 (fused) / 29.5 / 30.6 / 29.4 / 29.6 / 30.0 against 25.8/28.1, 27.1/29.1,
+// 28.4/27.4, 29.2/28.3, 30.2/28.6, 32.9/29.7; Q5_1 23.9 (fused) / 31.1 / 32.5 / 35.0 / 34.9 / 35.6 against
+// 26.7/27.0, 28.1/27.6, 29.1/27.9, 29.3/28.9, 30.6/29.2, 34.0/29.8; Q5_K 33.3 (fused) / 31.9 / 32.7 / 32.8 / 31.8 /
+// 32.4 against 28.3/29.8, 29.1/30.3, 31.2/29.2, 31.8/29.9, 32.2/30.4, 35.7/31.6; IQ4_XS from m=4: 33.4 / 34.0 / 34.6
+// / 34.8 against xs16 31.4 / 32.1 / 32.2 / 33.1 (m=3 31.8 / 31.2, within the noise). Not taken (xs no faster, or
+// within 3%): Q2_K, Q3_K, IQ4_NL (both steps 29.8-30.9 us from m=3, xs 30.8-40.0), MXFP4 (31.2-32.4 against xs16
+// 31.2-31.6).
+struct SharedXRoute {
+  int min_m, max_m;       // rows of x it takes (min_m > kDecodeMaxM: none)
+  int eight_warps_max_m;  // 8 warps per 16 rows up to here, 16 above
+};
 template <class F>
-constexpr int shared_x_min_m() {
+constexpr SharedXRoute shared_x_route() {
   using namespace decode;
-  if constexpr (std::is_same_v<F, FmtQ4_0> || std::is_same_v<F, FmtQ4_K>) return 3;
-  if constexpr (std::is_same_v<F, FmtQ6_K> || std::is_same_v<F, FmtQ8_0>) return 2;
-  return kDecodeMaxM + 1;
-}
-template <class F>
-constexpr int shared_x_max_m() {
-  return std::is_same_v<F, decode::FmtQ4_K> ? 5 : kDecodeMaxM;
-}
-template <class F>
-constexpr bool shared_x_takes_8_warps() {  // up to 5 rows of x (16 from 6 on)
-  return std::is_same_v<F, decode::FmtQ4_0> || std::is_same_v<F, decode::FmtQ4_K>;
+  if constexpr (std::is_same_v<F, FmtQ4_0>) return {3, kDecodeMaxM, 5};
+  if constexpr (std::is_same_v<F, FmtQ4_K>) return {3, 5, 5};
+  if constexpr (std::is_same_v<F, FmtQ6_K> || std::is_same_v<F, FmtQ8_0>) return {2, kDecodeMaxM, 0};
+  if constexpr (std::is_same_v<F, FmtQ4_1> || std::is_same_v<F, FmtQ5_0>) return {3, kDecodeMaxM, 3};
+  if constexpr (std::is_same_v<F, FmtQ5_1>) return {3, kDecodeMaxM, 0};
+  if constexpr (std::is_same_v<F, FmtQ5_K>) return {2, kDecodeMaxM, 3};
+  if constexpr (std::is_same_v<F, FmtIQ4_XS>) return {4, kDecodeMaxM, 0};
+  return {kDecodeMaxM + 1, 0, 0};
 }
 
 // The staged kernel with x's step 0 inside where it applies: rows on 16-byte boundaries in whole chunks, x's
@@ -1139,7 +1157,7 @@ constexpr bool shared_x_takes_8_warps() {  // up to 5 rows of x (16 from 6 on)
 // several groups of 16 rows). Tuning builds: GGML_EXT_STAGED=xs<warps>[<stages>] takes it from 2 rows of x on.
 template <class F, typename T>
 bool set_shared_x_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
-  if (a.m < 2 || a.n <= kFewRows || a.m * a.k > kFusedMaxK || !staged_fits<F>(a)) return false;
+  if (a.m < 2 || too_few_rows_for_one_kernel(a) || a.m * a.k > kFusedMaxK || !staged_fits<F>(a)) return false;
 #if defined(GGML_EXT_TUNING)
   if constexpr (std::is_same_v<T, __half>) {
     if (tuning_variant("xs4")) return set_staged_step<F, T, 4, 2, true>(l, a), l.kernel != nullptr;
@@ -1148,14 +1166,14 @@ bool set_shared_x_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
     if (tuning_variant("xs83")) return set_staged_step<F, T, 8, 3, true>(l, a), l.kernel != nullptr;
   }
 #endif
-  if constexpr (shared_x_min_m<F>() <= kDecodeMaxM) {
-    if (a.m < shared_x_min_m<F>() || a.m > shared_x_max_m<F>() || tuning_variant("twostep") ||
-        tuning_variant("frag"))
-      return false;
-    if constexpr (shared_x_takes_8_warps<F>()) {
-      if (a.m <= 5) return set_staged_step<F, T, 8, kStagedStages, true>(l, a), l.kernel != nullptr;
+  constexpr SharedXRoute route = shared_x_route<F>();
+  if constexpr (route.min_m <= kDecodeMaxM) {
+    if (a.m < route.min_m || a.m > route.max_m || tuning_variant("twostep") || tuning_variant("frag")) return false;
+    if constexpr (route.eight_warps_max_m > 0) {
+      if (a.m <= route.eight_warps_max_m)
+        return set_staged_step<F, T, 8, kStagedStages, true>(l, a), l.kernel != nullptr;
     }
-    if constexpr (shared_x_max_m<F>() > 5 || !shared_x_takes_8_warps<F>())
+    if constexpr (route.max_m > route.eight_warps_max_m)
       return set_staged_step<F, T, 16, kStagedStages, true>(l, a), l.kernel != nullptr;
   }
   return false;
