@@ -75,7 +75,10 @@ def all_cases():
         ("rope neox mx.fast", 2 * r.nbytes,
          lambda: mx.fast.rope(r_mlx, 128, traditional=False, base=10000.0, scale=1.0, offset=0)),
     ]
-    for n, k in ((14336, 4096), (4096, 14336)):
+    # weight shapes NxK: KERNEL_TIMES_SHAPES (comma-separated) or the two
+    shapes = [tuple(int(d) for d in shape.split("x"))
+              for shape in os.environ.get("KERNEL_TIMES_SHAPES", "14336x4096,4096x14336").split(",")]
+    for n, k in shapes:
         w16 = (mx.random.normal((n, k)) * 0.02).astype(mx.float16)
         q, s, b = mx.quantize(w16, group_size=64, bits=4)
         mx.eval(w16, q, s, b)

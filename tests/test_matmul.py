@@ -64,17 +64,32 @@ def test_matches_float64_on_the_decoded_weight(t, dtype, m, k):
 
 
 @pytest.mark.parametrize("t", [GGMLType.Q4_0, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q3_K,
-                               GGMLType.Q2_K], ids=lambda t: t.name)
+                               GGMLType.Q2_K, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q5_K,
+                               GGMLType.IQ4_XS], ids=lambda t: t.name)
 def test_decode_on_a_weight_of_many_rows(t):
     """More than 8192 rows, K = 2048 (rows on 16-byte boundaries for every type here), which the GPU's decode
     routes apart from small weights: a few rows of x in one kernel (x quantized in each block's shared memory),
-    and the staged tensor-core kernel from a few rows of x on, which for Q4_0 (from 3 rows), Q4_K (3 to 5) and
-    Q6_K, Q8_0 (from 2) quantizes x in its own shared memory, its blocks taking many groups of 16 rows each."""
+    and the staged tensor-core kernel from a few rows of x on, which for most formats (shared_x_route; not Q2_K,
+    Q3_K) quantizes x in its own shared memory, its blocks taking many groups of 16 rows each."""
     rng = np.random.default_rng(int(t) + 77)
     n, k = 8200, 2048
     data, dense = blocks_and_matrix(rng, t, n, k)
     w = GGMLTensor(mx.array(data), t, (n, k))
     for m in (1, 2, 3, 4, 5, 8):
+        x = random_x(rng, (m, k), mx.float16)
+        y = ops.quantized_matmul(x, w)
+        assert nmse(to_numpy(y), to_numpy(x) @ dense.T) <= QUANT_NMSE, f"m={m}"
+
+
+@pytest.mark.parametrize("t", [GGMLType.Q4_0, GGMLType.Q8_0, GGMLType.Q5_K, GGMLType.Q4_1], ids=lambda t: t.name)
+def test_decode_on_a_weight_of_few_long_rows(t):
+    """1000 rows of 14336 (few rows, the GPU's other decode routes): Q4_0 and Q5_K at m=1 in the fused kernel, Q4_0,
+    Q8_0 and Q5_K at m=2 in the staged kernel with x inside; Q4_1, and every format from m=3, both steps."""
+    rng = np.random.default_rng(int(t) + 91)
+    n, k = 1000, 14336
+    data, dense = blocks_and_matrix(rng, t, n, k)
+    w = GGMLTensor(mx.array(data), t, (n, k))
+    for m in (1, 2, 3):
         x = random_x(rng, (m, k), mx.float16)
         y = ops.quantized_matmul(x, w)
         assert nmse(to_numpy(y), to_numpy(x) @ dense.T) <= QUANT_NMSE, f"m={m}"

@@ -20,9 +20,9 @@
 // and the offset terms use d * sum(codes) as ggml's Q8_1 does, so the result is never less accurate than
 // ggml's own scheme.
 //
-// One row of x on a weight of many rows, or up to 4 for some formats (decode_fused_kernel, fused_max_m): one step,
-// each block quantizing x into its own shared memory first, its warps then taking rows (or pairs of rows,
-// fused_pair_max_m) in turn as the direct kernel's do.
+// One row of x on a weight of many rows (Q4_0, Q5_K: of any), or up to 4 for some formats (decode_fused_kernel,
+// fused_max_m, fused_few_rows_max_m): one step, each block quantizing x into its own shared memory first, its warps
+// then taking rows (or pairs of rows, fused_pair_max_m) in turn as the direct kernel's do.
 //
 // From 2..7 rows of x on (fragment_min_m, by format and kernel), most formats take the tensor cores instead: x's
 // codes (stored by x-block) are the 8 columns of an int8 m16n8k32 product (two m16n8k16 products, one per
@@ -955,8 +955,9 @@ inline bool tuning_variant(const char* variant) {
 #endif
 }
 
-// Whether a weight has too few rows for the one-kernel plans (fused, staged with x inside): each block quantizes
-// all of x for the few rows it then takes. Tuning builds: GGML_EXT_FEW_ROWS_ONE_KERNEL=1 lifts it, to measure them.
+// Whether a weight has too few rows for the one-kernel plans (fused, staged with x inside) but where measured
+// otherwise (fused_few_rows_max_m, shared_x_route): each block quantizes all of x for the few rows it then takes.
+// Tuning builds: GGML_EXT_FEW_ROWS_ONE_KERNEL=1 lifts it, to measure them.
 inline bool too_few_rows_for_one_kernel(const QuantizedMatmulArgs& a) {
 #if defined(GGML_EXT_TUNING)
   if (const char* v = std::getenv("GGML_EXT_FEW_ROWS_ONE_KERNEL"); v != nullptr && std::atoi(v) == 1) return false;
@@ -1097,11 +1098,24 @@ const void* fused_kernel(int64_t m, int rows) {
   }
 }
 
-// The fused kernel where it applies (rows on 4-byte boundaries, x's blocks fit shared memory, many weight rows).
+// The rows of x for which the fused kernel also takes weights of few rows (0: none). H100, ncu through MLX,
+// 4096x14336, m=1, GGML_EXT_FEW_ROWS_ONE_KERNEL=1 against the default (both steps) in one run
+// (bench/results/h100-2026-11-26q-kernel-times.json): Q4_0 21.4 -> 20.4 us, Q5_K 26.2 -> 24.1; slower for the others
+// (Q4_1 20.0 -> 24.6, Q4_K 19.9 -> 21.0, Q8_0 30.5 -> 33.6, IQ4_NL 21.7 -> 28.4; every format at m=2). Checked on
+// more shapes against GGML_EXT_STAGED=twostep in one run (h100-2026-11-26r-few-rows.json), 4096x14336 / 4096x4096 /
+// 1024x4096: Q4_0 21.8 / 11.6 / 8.7 -> 20.3 / 11.0 / 6.9 us, Q5_K 26.6 / 13.4 / 8.3 -> 24.5 / 11.4 / 6.7.
+template <class F>
+constexpr int fused_few_rows_max_m() {
+  return std::is_same_v<F, decode::FmtQ4_0> || std::is_same_v<F, decode::FmtQ5_K> ? 1 : 0;
+}
+
+// The fused kernel where it applies (rows on 4-byte boundaries, x's blocks fit shared memory, many weight rows
+// or fused_few_rows_max_m).
 template <class F, typename T>
 bool set_fused_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
-  if (a.m > fused_max_m<F>() || !rows_aligned(a, 4) || a.m * a.k > kFusedMaxK || too_few_rows_for_one_kernel(a) ||
-      tuning_variant("twostep") || tuning_variant("frag"))
+  if (a.m > fused_max_m<F>() || !rows_aligned(a, 4) || a.m * a.k > kFusedMaxK ||
+      (too_few_rows_for_one_kernel(a) && a.m > fused_few_rows_max_m<F>()) || tuning_variant("twostep") ||
+      tuning_variant("frag"))
     return false;
   int per_sm = kFusedBlocksPerSm;
 #if defined(GGML_EXT_TUNING)
@@ -1135,29 +1149,46 @@ bool set_fused_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
 // / 34.8 against xs16 31.4 / 32.1 / 32.2 / 33.1 (m=3 31.8 / 31.2, within the noise). Not taken (xs no faster, or
 // within 3%): Q2_K, Q3_K, IQ4_NL (both steps 29.8-30.9 us from m=3, xs 30.8-40.0), MXFP4 (31.2-32.4 against xs16
 // 31.2-31.6).
+// On weights of few rows (too_few_rows_for_one_kernel), only at 2 rows of x, 16 warps (few_rows_max_m): 4096x14336,
+// GGML_EXT_FEW_ROWS_ONE_KERNEL=1 with GGML_EXT_STAGED=xs16 against the default in one run
+// (bench/results/h100-2026-11-26q-kernel-times.json): Q4_0 25.3 -> 22.1 us, Q8_0 36.1 -> 30.3, Q5_K 29.8 -> 27.8;
+// from m=3 on it was within 3% of both steps for every format (x's quantizing, repeated by each block, costs about
+// what the quantize step does), at m=2 within 5% or slower for the others. Against GGML_EXT_STAGED=twostep in one run
+// (h100-2026-11-26r-few-rows.json), 4096x14336 / 4096x4096 / 1024x4096: Q4_0 24.6 / 13.0 / 8.2 -> 21.9 / 10.6 / 7.3
+// us, Q8_0 36.4 / 15.2 / 9.2 -> 30.2 / 12.2 / 7.5, Q5_K 29.5 / 15.1 / 9.0 -> 28.0 / 12.7 / 7.8.
 struct SharedXRoute {
   int min_m, max_m;       // rows of x it takes (min_m > kDecodeMaxM: none)
   int eight_warps_max_m;  // 8 warps per 16 rows up to here, 16 above
+  int few_rows_max_m;     // on weights of few rows: 16 warps from 2 rows of x up to here (0: none)
 };
 template <class F>
 constexpr SharedXRoute shared_x_route() {
   using namespace decode;
-  if constexpr (std::is_same_v<F, FmtQ4_0>) return {3, kDecodeMaxM, 5};
-  if constexpr (std::is_same_v<F, FmtQ4_K>) return {3, 5, 5};
-  if constexpr (std::is_same_v<F, FmtQ6_K> || std::is_same_v<F, FmtQ8_0>) return {2, kDecodeMaxM, 0};
-  if constexpr (std::is_same_v<F, FmtQ4_1> || std::is_same_v<F, FmtQ5_0>) return {3, kDecodeMaxM, 3};
-  if constexpr (std::is_same_v<F, FmtQ5_1>) return {3, kDecodeMaxM, 0};
-  if constexpr (std::is_same_v<F, FmtQ5_K>) return {2, kDecodeMaxM, 3};
-  if constexpr (std::is_same_v<F, FmtIQ4_XS>) return {4, kDecodeMaxM, 0};
-  return {kDecodeMaxM + 1, 0, 0};
+  if constexpr (std::is_same_v<F, FmtQ4_0>) return {3, kDecodeMaxM, 5, 2};
+  if constexpr (std::is_same_v<F, FmtQ4_K>) return {3, 5, 5, 0};
+  if constexpr (std::is_same_v<F, FmtQ6_K>) return {2, kDecodeMaxM, 0, 0};
+  if constexpr (std::is_same_v<F, FmtQ8_0>) return {2, kDecodeMaxM, 0, 2};
+  if constexpr (std::is_same_v<F, FmtQ4_1> || std::is_same_v<F, FmtQ5_0>) return {3, kDecodeMaxM, 3, 0};
+  if constexpr (std::is_same_v<F, FmtQ5_1>) return {3, kDecodeMaxM, 0, 0};
+  if constexpr (std::is_same_v<F, FmtQ5_K>) return {2, kDecodeMaxM, 3, 2};
+  if constexpr (std::is_same_v<F, FmtIQ4_XS>) return {4, kDecodeMaxM, 0, 0};
+  return {kDecodeMaxM + 1, 0, 0, 0};
 }
 
 // The staged kernel with x's step 0 inside where it applies: rows on 16-byte boundaries in whole chunks, x's
-// blocks in shared memory (m * k <= kFusedMaxK), many weight rows (so that each block's quantizing of x serves
-// several groups of 16 rows). Tuning builds: GGML_EXT_STAGED=xs<warps>[<stages>] takes it from 2 rows of x on.
+// blocks in shared memory (m * k <= kFusedMaxK), where shared_x_route takes the weight. Tuning builds:
+// GGML_EXT_STAGED=xs<warps>[<stages>] takes it from 2 rows of x on (on weights of many rows), twostep / frag never.
 template <class F, typename T>
 bool set_shared_x_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
-  if (a.m < 2 || too_few_rows_for_one_kernel(a) || a.m * a.k > kFusedMaxK || !staged_fits<F>(a)) return false;
+  if (a.m < 2 || a.m * a.k > kFusedMaxK || !staged_fits<F>(a) || tuning_variant("twostep") || tuning_variant("frag"))
+    return false;
+  constexpr SharedXRoute route = shared_x_route<F>();
+  if (too_few_rows_for_one_kernel(a)) {
+    if constexpr (route.few_rows_max_m >= 2) {
+      if (a.m <= route.few_rows_max_m) return set_staged_step<F, T, 16, kStagedStages, true>(l, a), l.kernel != nullptr;
+    }
+    return false;
+  }
 #if defined(GGML_EXT_TUNING)
   if constexpr (std::is_same_v<T, __half>) {
     if (tuning_variant("xs4")) return set_staged_step<F, T, 4, 2, true>(l, a), l.kernel != nullptr;
@@ -1166,9 +1197,8 @@ bool set_shared_x_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
     if (tuning_variant("xs83")) return set_staged_step<F, T, 8, 3, true>(l, a), l.kernel != nullptr;
   }
 #endif
-  constexpr SharedXRoute route = shared_x_route<F>();
   if constexpr (route.min_m <= kDecodeMaxM) {
-    if (a.m < route.min_m || a.m > route.max_m || tuning_variant("twostep") || tuning_variant("frag")) return false;
+    if (a.m < route.min_m || a.m > route.max_m) return false;
     if constexpr (route.eight_warps_max_m > 0) {
       if (a.m <= route.eight_warps_max_m)
         return set_staged_step<F, T, 8, kStagedStages, true>(l, a), l.kernel != nullptr;
