@@ -414,8 +414,9 @@ __global__ void __launch_bounds__(warps_per_block<MB>() * 32) decode_dot_kernel(
 // 14336x4096, m=1: Q4_0 18.6 us (19.5), Q4_K 17.5 (22.1), Q5_K 20.2 (25.4), Q8_0 27.3 (28.2), IQ4_XS 21.8 (22.7),
 // Q4_1, Q3_K, Q2_K within 3%; Q6_K 27.9 (26.6), so it keeps both steps. On 4096x14336 (one wave of blocks, each
 // quantizing all 14336 elements before its first product) it was slower for every format (Q4_0 21.9 against
-// 18.0, IQ4_XS 28.2 / 20.8): weights of at most kFewRows rows keep both steps. 2 blocks per multiprocessor
-// were slower (Q4_0 22.8 us), 8 no faster (18.8). More rows of x where fused_max_m allows (below).
+// 18.0, IQ4_XS 28.2 / 20.8): weights of at most kFewRows rows keep both steps, but where measured otherwise through
+// MLX (fused_few_rows_max_m). 2 blocks per multiprocessor were slower (Q4_0 22.8 us), 8 no faster (18.8). More rows
+// of x where fused_max_m allows (below).
 constexpr int kFusedWarps = 8, kFusedBlocksPerSm = 4;
 constexpr int64_t kFusedMaxK = 32768;  // elements of x (m * k): shared memory, 40 bytes per x-block, 40 KB at most
 
@@ -1113,7 +1114,9 @@ constexpr int fused_few_rows_max_m() {
 // or fused_few_rows_max_m).
 template <class F, typename T>
 bool set_fused_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
-  if (a.m > fused_max_m<F>() || !rows_aligned(a, 4) || a.m * a.k > kFusedMaxK ||
+  // Tuning builds: GGML_EXT_STAGED=fused takes the one-row kernel where fused_max_m is 0 (Q6_K).
+  const bool forced = a.m == 1 && tuning_variant("fused");
+  if ((a.m > fused_max_m<F>() && !forced) || !rows_aligned(a, 4) || a.m * a.k > kFusedMaxK ||
       (too_few_rows_for_one_kernel(a) && a.m > fused_few_rows_max_m<F>()) || tuning_variant("twostep") ||
       tuning_variant("frag"))
     return false;
