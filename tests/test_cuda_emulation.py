@@ -434,16 +434,17 @@ def test_decode_many_rows(kernels, t, m):
     assert_no_less_accurate_than_ggml(got, exact, theirs, "many rows", 256)
 
 
-@pytest.mark.parametrize("t, m, batches", [(GGMLType.Q4_0, 2, 1), (GGMLType.Q4_0, 8, 1), (GGMLType.Q4_K, 3, 1),
-                                           (GGMLType.Q6_K, 5, 1), (GGMLType.IQ4_XS, 3, 1), (GGMLType.IQ4_XS, 8, 1),
-                                           (GGMLType.Q8_0, 4, 1), (GGMLType.Q4_1, 3, 1), (GGMLType.Q5_0, 5, 1),
-                                           (GGMLType.Q5_1, 4, 1), (GGMLType.Q5_K, 2, 1), (GGMLType.Q5_K, 6, 1),
-                                           (GGMLType.Q2_K, 4, 1), (GGMLType.Q6_K, 2, 2), (GGMLType.Q8_0, 3, 2)],
+@pytest.mark.parametrize("t, m, batches", [(GGMLType.Q4_0, 2, 1), (GGMLType.Q4_0, 6, 1), (GGMLType.Q4_0, 8, 1),
+                                           (GGMLType.Q4_K, 3, 1), (GGMLType.Q6_K, 5, 1), (GGMLType.IQ4_XS, 3, 1),
+                                           (GGMLType.IQ4_XS, 8, 1), (GGMLType.Q8_0, 4, 1), (GGMLType.Q4_1, 3, 1),
+                                           (GGMLType.Q5_0, 5, 1), (GGMLType.Q5_1, 4, 1), (GGMLType.Q5_K, 2, 1),
+                                           (GGMLType.Q5_K, 6, 1), (GGMLType.Q2_K, 4, 1), (GGMLType.Q6_K, 2, 2),
+                                           (GGMLType.Q8_0, 3, 2)],
                          ids=param_id)
 def test_decode_many_rows_shared_x(kernels, t, m, batches):
     """Rows of 2048 elements on a weight of many rows: several chunks per warp and 16-row group. Where
-    shared_x_route allows, the staged kernel quantizes x in its own shared memory (8 warps per 16 rows: Q4_K m=3,
-    Q4_1 m=3, Q5_K m=2; else 16) and each of its blocks (a few per multiprocessor; the emulation reports 2)
+    shared_x_route allows, the staged kernel quantizes x in its own shared memory (8 warps per 16 rows: Q4_0 m=6,
+    Q4_K m=3, Q4_1 m=3, Q5_K m=2; else 16) and each of its blocks (a few per multiprocessor; the emulation reports 2)
     takes many groups of 16 rows, its copies running on from one group into the next (Q6_K: chunks not on 16-byte
     boundaries; IQ4_XS: 16 x-blocks per chunk); else both steps (Q4_0 m=2 fused, IQ4_XS m=3, Q2_K). Two batches
     of weights and x (grid.y) for Q6_K and Q8_0."""

@@ -1151,7 +1151,8 @@ bool set_fused_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
 // 32.4 against 28.3/29.8, 29.1/30.3, 31.2/29.2, 31.8/29.9, 32.2/30.4, 35.7/31.6; IQ4_XS from m=4: 33.4 / 34.0 / 34.6
 // / 34.8 against xs16 31.4 / 32.1 / 32.2 / 33.1 (m=3 31.8 / 31.2, within the noise). Not taken (xs no faster, or
 // within 3%): Q2_K, Q3_K, IQ4_NL (both steps 29.8-30.9 us from m=3, xs 30.8-40.0), MXFP4 (31.2-32.4 against xs16
-// 31.2-31.6).
+// 31.2-31.6). Q4_0 at m=6 (h100-2026-11-26u-q4_0-m6-warps.json): 8 warps 25.6 us against 16 27.2 / 27.3 (twice
+// in the run; 3 stages 26.3), at m=8 28.7 against 25.6; m=7 not measured (16).
 // On weights of few rows (too_few_rows_for_one_kernel), only at 2 rows of x, 16 warps (few_rows_max_m): 4096x14336,
 // GGML_EXT_FEW_ROWS_ONE_KERNEL=1 with GGML_EXT_STAGED=xs16 against the default in one run
 // (bench/results/h100-2026-11-26q-kernel-times.json): Q4_0 25.3 -> 22.1 us, Q8_0 36.1 -> 30.3, Q5_K 29.8 -> 27.8;
@@ -1167,7 +1168,7 @@ struct SharedXRoute {
 template <class F>
 constexpr SharedXRoute shared_x_route() {
   using namespace decode;
-  if constexpr (std::is_same_v<F, FmtQ4_0>) return {3, kDecodeMaxM, 5, 2};
+  if constexpr (std::is_same_v<F, FmtQ4_0>) return {3, kDecodeMaxM, 6, 2};
   if constexpr (std::is_same_v<F, FmtQ4_K>) return {3, 5, 5, 0};
   if constexpr (std::is_same_v<F, FmtQ6_K>) return {2, kDecodeMaxM, 0, 0};
   if constexpr (std::is_same_v<F, FmtQ8_0>) return {2, kDecodeMaxM, 0, 2};
