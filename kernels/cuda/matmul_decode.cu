@@ -419,6 +419,11 @@ __global__ void __launch_bounds__(warps_per_block<MB>() * 32) decode_dot_kernel(
 // of x where fused_max_m allows (below).
 constexpr int kFusedWarps = 8, kFusedBlocksPerSm = 4;
 constexpr int64_t kFusedMaxK = 32768;  // elements of x (m * k): shared memory, 40 bytes per x-block, 40 KB at most
+// The shared memory of x's rows quantized inside a kernel (the fused kernel's planes, the staged kernel's slots):
+// 32 code bytes and a record per x-block.
+inline unsigned shared_x_bytes(const QuantizedMatmulArgs& a) {
+  return static_cast<unsigned>(a.m * a.k / 32 * (32 + sizeof(XRecord)));
+}
 
 // Quantizes the `xblocks` x-blocks of x (contiguous) in shared memory, a thread per x-block; store(xb, lo, hi,
 // record) puts x-block xb's codes of elements 0..15 and 16..31 and its record where the kernel reads them.
@@ -927,7 +932,7 @@ void set_staged_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
   l.shared_bytes = static_cast<unsigned>(kSplit * kStages * 16 * StagedChunk<F>::kStride);
   int64_t blocks = ceil_div(a.n, 16);
   if constexpr (kSharedX) {
-    l.shared_bytes += static_cast<unsigned>(a.m * a.k / 32 * (32 + sizeof(XRecord)));
+    l.shared_bytes += shared_x_bytes(a);
     const int64_t block_shared = l.shared_bytes + sizeof(float) * kSplit * 16 * 8;  // and the static sums
     if (block_shared > device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin)) {
       l = KernelLaunch{};
@@ -1130,7 +1135,7 @@ bool set_fused_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
   l.grid = dim3(static_cast<unsigned>(sms > 0 && blocks > sms * per_sm ? sms * per_sm : blocks),
                 static_cast<unsigned>(a.batches));
   l.block = dim3(kFusedWarps * 32);
-  l.shared_bytes = static_cast<unsigned>(a.m * a.k / 32 * (32 + sizeof(XRecord)));
+  l.shared_bytes = shared_x_bytes(a);
   return true;
 }
 
