@@ -7,7 +7,8 @@
 # --platform manylinux2014_x86_64 -d .gpu/wheels gguf hypothesis sortedcontainers attrs tqdm pyyaml pytest
 # iniconfig pluggy packaging), builds, then runs each step (tests: the whole suite with MLX_GGML_EXT_DEVICE=gpu; memcheck:
 # compute-sanitizer on $MEMCHECK_ARGS; bench: bench_cuda.py; ncu: kernel-only times through
-# Nsight Compute, bench/kernel_times.py), writing logs under $OUT. SKIP_BUILD=1 reuses what an earlier call
+# Nsight Compute, bench/kernel_times.py; NCU_METRICS replaces its metric list, which must keep the three it has),
+# writing logs under $OUT. SKIP_BUILD=1 reuses what an earlier call
 # on the same warm machine built.
 set -uo pipefail
 # A representative GPU subset for compute-sanitizer (every kernel, every type, vector tails), unless given.
@@ -41,7 +42,7 @@ for step in ${STEPS:-tests}; do
     cputests) R "timeout 300 python3 -m pytest \$SRC/tests -q -p no:cacheprovider ${PYTEST_CPU_ARGS:-} 2>&1 | tee $OUT/pytest-cpu.log | tail -15" ;;
     memcheck) R "CS=\$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer | head -1); echo \$CS; MLX_GGML_EXT_DEVICE=gpu timeout ${MEMCHECK_TIMEOUT:-240} \$CS --tool memcheck --error-exitcode 9 python3 -m pytest \$SRC/tests -q -x -p no:cacheprovider ${MEMCHECK_ARGS:-} > $OUT/memcheck.log 2>&1; echo memcheck rc=\$?; tail -25 $OUT/memcheck.log" ;;
     bench) R "cd \$SRC/bench && timeout ${BENCH_TIMEOUT:-300} python3 bench_cuda.py ${BENCH_ARGS:-} 2>&1 | tee $OUT/bench.json" ;;
-    ncu) R "NCU=\$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1); echo ncu: \$NCU; cd \$SRC/bench && timeout ${NCU_TIMEOUT:-240} \$NCU --profile-from-start off --clock-control none --print-units base --csv --page raw --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum python3 kernel_times.py > $OUT/ncu.csv 2> $OUT/ncu.err; echo ncu rc=\$?; tail -3 $OUT/ncu.err; python3 kernel_times.py --parse $OUT/ncu.csv | tee $OUT/kernel_times.json" ;;
+    ncu) R "NCU=\$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1); echo ncu: \$NCU; cd \$SRC/bench && timeout ${NCU_TIMEOUT:-240} \$NCU --profile-from-start off --clock-control none --print-units base --csv --page raw --metrics ${NCU_METRICS:-gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum} python3 kernel_times.py > $OUT/ncu.csv 2> $OUT/ncu.err; echo ncu rc=\$?; tail -3 $OUT/ncu.err; python3 kernel_times.py --parse $OUT/ncu.csv | tee $OUT/kernel_times.json" ;;
     *) R "$step" ;;
   esac
   echo "== step $step took $(( $(date +%s) - t0 )) s"

@@ -202,6 +202,12 @@ SCALE = {"ns": 1, "us": 1e3, "usecond": 1e3, "ms": 1e6, "msecond": 1e6, "nsecond
          "byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9}
 
 
+# Metrics kept per kernel where the ncu run asked for them (device_session.sh's NCU_METRICS): why a kernel takes
+# what it takes (registers, achieved occupancy, L1 and DRAM throughput).
+EXTRA = ("launch__registers_per_thread", "sm__warps_active.avg.pct_of_peak_sustained_active",
+         "l1tex__throughput.avg.pct_of_peak_sustained_active", "dram__throughput.avg.pct_of_peak_sustained_elapsed")
+
+
 def number(text):
     return float(text.replace(",", ""))  # ncu writes thousands separators
 
@@ -220,10 +226,11 @@ def parse(path):
         ns = number(row["gpu__time_duration.sum"]) * units["gpu__time_duration.sum"]
         nbytes = (number(row["dram__bytes_read.sum"]) * units["dram__bytes_read.sum"] +
                   number(row["dram__bytes_write.sum"]) * units["dram__bytes_write.sum"])
+        extra = {k: number(row[k]) for k in EXTRA if row.get(k)}
         if MARK.search(kernel):
             groups.append([])
         elif groups:
-            groups[-1].append((kernel, ns, nbytes))
+            groups[-1].append((kernel, ns, nbytes, extra))
     if len(groups) != len(names):
         print(json.dumps({"bench": "kernel_time", "error": f"{len(groups)} marked ranges for {len(names)} cases"}))
     copy_gbs = [moved / sum(g[1] for g in group) for (name, moved), group in zip(names, groups)
@@ -237,6 +244,8 @@ def parse(path):
         nbytes = sum(g[2] for g in group)
         rec = {"bench": "kernel_time", "case": name, "kernels": [g[0][:80] for g in group], "gpu_us": ns / 1e3,
                "kernel_us": [g[1] / 1e3 for g in group], "dram_gbs": nbytes / ns if ns else None}
+        if any(g[3] for g in group):
+            rec["kernel_metrics"] = [g[3] for g in group]
         if PREFILL.search(name):
             rec["tflops"] = moved / ns / 1e3 if ns else None
         else:
