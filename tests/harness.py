@@ -39,3 +39,23 @@ def nmse(actual, expected) -> float:
     a = np.asarray(actual, dtype=np.float64)
     b = np.asarray(expected, dtype=np.float64)
     return float(np.sum((a - b) ** 2) / max(np.sum(b ** 2), 1e-300))
+
+
+def ties_and_one_hot_q8_0(rng, n: int, k: int):
+    """x (2, k) float32 whose 32-element blocks each hold +-127 (so the activation scale is exactly 1) and otherwise
+    ties (j + 0.5) and their float neighbours, with its codes: to the nearest integer, ties to even (as ggml's x86
+    quantizer rounds Q8_0 activations; its C reference rounds ties away from zero);
+    and a Q8_0 weight whose row j has code 1 at element j % k and scale 1, so that (x @ W^T)[:, j] is x's code of
+    element j % k itself."""
+    halves = rng.integers(-253, 254, (2, k)).astype(np.float32) / 2
+    step = rng.integers(-1, 2, (2, k))  # a tie, or the float just below or above it
+    x = np.where(step < 0, np.nextafter(halves, np.float32(-np.inf)),
+                 np.where(step > 0, np.nextafter(halves, np.float32(np.inf)), halves)).astype(np.float32)
+    x[:, ::32] = np.where(rng.integers(0, 2, (2, k // 32)) == 1, 127.0, -127.0)
+    x[:, 1:6] = [0.5, np.nextafter(np.float32(0.5), np.float32(0)), -2.5, 126.5, -126.5]
+    codes = np.rint(x.astype(np.float64))
+    blocks = np.zeros((n, k // 32, 34), np.uint8)
+    blocks[:, :, :2] = np.frombuffer(np.float16(1.0).tobytes(), np.uint8)
+    rows = np.arange(n)
+    blocks[rows, rows % k // 32, 2 + rows % 32] = 1
+    return x, codes, blocks.reshape(n, -1)

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness import nmse
+from harness import nmse, ties_and_one_hot_q8_0
 from mlx_ggml_ext import GGMLType, reference
 
 gguf = pytest.importorskip("gguf")
@@ -473,6 +473,22 @@ def test_decode_shared_x_beyond_the_block_shared_memory(kernels):
     finally:
         kernels.emulated_set_block_shared_limit(232448)
     assert_no_less_accurate_than_ggml(got, exact, theirs, "shared x beyond the limit", 2048)
+
+
+@pytest.mark.parametrize("n", [256, 8200])
+def test_decode_x_codes_round_to_nearest_even(kernels, n):
+    """x's codes as tests/test_matmul.py checks them on a GPU (ties and their neighbours through a one-hot Q8_0
+    weight): 256 rows, the quantize step (m=1) and the few-rows staged kernel with x inside (m=2); 8200 rows, the
+    fused kernel (m=1) and the staged kernel with x inside (m=2)."""
+    rng = np.random.default_rng(n)
+    k = 256
+    x, codes, w = ties_and_one_hot_q8_0(rng, n, k)
+    for m in (1, 2):
+        xm = np.ascontiguousarray(x[:m])
+        y = np.zeros((m, n), np.float32)
+        args = QuantizedMatmulArgs(ptr(xm), ptr(w), ptr(y), None, m, n, k, w.shape[-1], 1, 1, 1, 1, 1, False)
+        assert kernels.emulated_quantized_matmul(args, int(GGMLType.Q8_0), F32, 0) == 0
+        np.testing.assert_array_equal(y, codes[:m, np.arange(n) % k], err_msg=f"m={m}")
 
 
 def test_decode_non_finite_x(kernels):

@@ -9,7 +9,7 @@ import pytest
 
 from mlx_ggml_ext import GGMLTensor, GGMLType, gguf as ggext_gguf, ops, reference
 from mlx_ggml_ext.nn import GGMLLinear, load_gguf_linears, replace_linear_layers
-from harness import DTYPES, nmse, to_numpy
+from harness import DTYPES, nmse, ties_and_one_hot_q8_0, to_numpy
 
 gguf = pytest.importorskip("gguf")
 
@@ -93,6 +93,21 @@ def test_decode_on_a_weight_of_few_long_rows(t):
         x = random_x(rng, (m, k), mx.float16)
         y = ops.quantized_matmul(x, w)
         assert nmse(to_numpy(y), to_numpy(x) @ dense.T) <= QUANT_NMSE, f"m={m}"
+
+
+@pytest.mark.parametrize("n", [256, 8200])
+def test_x_codes_round_to_nearest_even(n):
+    """Rows of x are quantized per 32 elements to x / d rounded to the nearest integer, ties to even (d = amax /
+    127): exact ties and their neighbours, read back through a one-hot weight, the same on every device. On the
+    GPU, 256 rows take the quantize step (m=1) and the few-rows staged kernel with x inside (m=2); 8200 rows the
+    fused kernel (m=1) and the staged kernel with x inside (m=2)."""
+    rng = np.random.default_rng(n)
+    k = 256
+    x, codes, blocks = ties_and_one_hot_q8_0(rng, n, k)
+    w = GGMLTensor(mx.array(blocks), GGMLType.Q8_0, (n, k))
+    for m in (1, 2):
+        y = to_numpy(ops.quantized_matmul(mx.array(x[:m]), w))
+        np.testing.assert_array_equal(y, codes[:m, np.arange(n) % k], err_msg=f"m={m}")
 
 
 @pytest.mark.parametrize("dense_rows", ["1", "0"], ids=["dense_route", "blocks_route"])

@@ -1,8 +1,8 @@
 // Decode (forward, m <= 8 rows of x): the weight is streamed once, at memory speed, with integer dot products.
 //
 // Quantized weights, two steps (decode_plan):
-//   0. quantize_x: each 32 elements of every row of x become 32 int8 codes (scale d = amax / 127, rounded half
-//      away from zero: ggml's Q8_0 with a float32 scale) plus a record {d, the code sums of both 16-element
+//   0. quantize_x: each 32 elements of every row of x become 32 int8 codes (scale d = amax / 127, rounded to the
+//      nearest, ties to even: ggml's Q8_0 with a float32 scale) plus a record {d, the code sums of both 16-element
 //      halves}; codes contiguous per row (the dot reads 16 bytes at a time), records apart. Workspace.
 //   1. dot: a warp owns R weight rows. Rows on 4-byte boundaries (decode_direct_kernel): each lane reads the
 //      words of its x-blocks straight from global memory (Q4_K/Q5_K: a pair of x-blocks sharing their bytes at a
@@ -66,16 +66,26 @@ __device__ __forceinline__ float nan_max(float a, float b) { return (b > a || b 
 struct XScale {
   float d, inv;
   __device__ explicit XScale(float amax) : d(amax / 127.0f), inv(d > 0.0f && d <= 3.402823466e38f ? 1.0f / d : 0.0f) {}
-  // Four elements' codes (rounded half away from zero, |q| <= 127) as one word, their sum added to `sum`.
+  // Four elements' codes (v * inv to the nearest integer, ties to even, |q| <= 127: as the CPU kernel and ggml's
+  // x86 quantizer round) as one word, their sum added to `sum`.
   __device__ __forceinline__ uint32_t pack(const float* v, int& sum) const {
+    if (inv == 0.0f) return 0u;  // also where an element is NaN or infinite (then so is amax): v * 0 is no code
     uint32_t packed = 0;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const int q = static_cast<int>(roundf(v[j] * inv));
+      const int q = nearest_int(__fmul_rn(v[j], inv));
       sum += q;
       packed |= (static_cast<uint32_t>(q) & 0xFFu) << (8 * j);
     }
     return packed;
+  }
+  // Finite r (|r| < 2^22) to the nearest integer, ties to even, in one full-rate add: roundf and the float-to-int
+  // conversion it replaced run at a quarter of the rate or less, and the kernels that quantize x in every block
+  // (fused, staged with x inside) spent 2.5-4 us of an H100's 17-30 us in them (timed with and without quantizing,
+  // bench/results/h100-2026-11-26v-*). Floats in [2^23, 2^24) are the integers, so r + 1.5 * 2^23 is rounded, and
+  // its bits less those of 1.5 * 2^23 are the result.
+  static __device__ __forceinline__ int nearest_int(float r) {
+    return __float_as_int(__fadd_rn(r, 12582912.0f)) - 0x4B400000;
   }
 };
 
@@ -408,8 +418,11 @@ __global__ void __launch_bounds__(warps_per_block<MB>() * 32) decode_dot_kernel(
 // 0. Each block quantizes x into its shared memory (SharedX; what quantize_x_kernel computes, a thread per x-block),
 // then its warps take weight rows (or pairs of rows: fused_pair_max_m) in turn, as decode_direct_kernel's warps do
 // with one row of x. The grid is at most kFusedBlocksPerSm blocks per multiprocessor, so x is quantized a few
-// hundred times rather than once per 8 rows; each warp asks for its first rows in L2 before quantizing, so the
-// weight streams meanwhile.
+// hundred times rather than once per 8 rows. Each warp used to ask for its first rows in L2 before quantizing;
+// once x's codes took full-rate operations (XScale::nearest_int), the kernel was faster without (H100, ncu through
+// MLX, m=1, tuning build, GGML_EXT_FUSED_PREFETCH=1 against none in one run, bench/results/h100-2026-11-26w-*:
+// 14336x4096 Q4_0 18.1 / 17.3 us, Q4_K 19.3 / 18.0, Q8_0 28.6 / 27.6, Q5_K 21.7 / 20.5, Q4_1 19.0 / 18.2; 4096x14336
+// Q5_K 25.3 / 22.9, Q4_0 22.1 / 21.7).
 // H100 (bench/cuda_kernel_driver.cu, both steps against this one, bench/results/h100-2026-11-25v-*.json),
 // 14336x4096, m=1: Q4_0 18.6 us (19.5), Q4_K 17.5 (22.1), Q5_K 20.2 (25.4), Q8_0 27.3 (28.2), IQ4_XS 21.8 (22.7),
 // Q4_1, Q3_K, Q2_K within 3%; Q6_K 27.9 (26.6), so it keeps both steps. On 4096x14336 (one wave of blocks, each
@@ -451,23 +464,43 @@ __device__ __forceinline__ void quantize_x_to_shared(const T* x, int xblocks, St
   }
 }
 
-// kRows weight rows per warp at a time (fused_rows).
-template <class F, int MB, typename T, int kRows>
+#if defined(GGML_EXT_TUNING)
+// Tuning builds: GGML_EXT_FUSED_PREFETCH=1 (set_fused_step copies it here) has each warp of the fused kernel ask for
+// its first weight rows in L2 before x is quantized, as it did before x's codes took full-rate operations.
+__device__ int g_fused_prefetch;
+__device__ __forceinline__ bool fused_prefetch() { return g_fused_prefetch != 0; }
+#else
+__device__ __forceinline__ constexpr bool fused_prefetch() { return false; }
+#endif
+
+// The fused kernels' x: the batch's rows quantized into the shared-memory planes of SharedX, then a barrier.
+template <typename T, bool kSkipX>
+__device__ __forceinline__ SharedX quantize_x_to_planes(const QuantizedMatmulArgs& a, uint4* planes, int64_t z,
+                                                        int xblocks) {
+  const int all = static_cast<int>(a.m) * xblocks;  // x-blocks of the batch's rows of x, contiguous in x
+  const SharedX x{planes, planes + all, reinterpret_cast<const XRecord*>(planes + 2 * all), xblocks};
+  if constexpr (!kSkipX) {
+    quantize_x_to_shared(static_cast<const T*>(a.x) + z * a.m * a.k, all, [&](int xb, uint4 lo, uint4 hi, XRecord r) {
+      planes[xb] = lo;
+      planes[all + xb] = hi;
+      reinterpret_cast<XRecord*>(planes + 2 * all)[xb] = r;
+    });
+  }
+  __syncthreads();
+  return x;
+}
+
+// kRows weight rows per warp at a time (fused_rows). kSkipX: tuning builds' timing of the products alone (x is not
+// quantized; the results are meaningless).
+template <class F, int MB, typename T, int kRows, bool kSkipX = false>
 __global__ void __launch_bounds__(kFusedWarps * 32) decode_fused_kernel(QuantizedMatmulArgs a) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, xblocks = static_cast<int>(a.k / 32);
   const int64_t z = blockIdx.y, warps = static_cast<int64_t>(gridDim.x) * kFusedWarps;
   const int64_t first = (static_cast<int64_t>(blockIdx.x) * kFusedWarps + warp) * kRows;
-  if (first < a.n)
+  if (fused_prefetch() && first < a.n)
     prefetch_l2_warp(weight_row(a, z, first), a.row_bytes * (a.n - first < kRows ? a.n - first : kRows), lane);
   uint4* planes = dynamic_shared_memory<uint4>();
-  const int all = static_cast<int>(a.m) * xblocks;  // x-blocks of the batch's rows of x, contiguous in x
-  const SharedX x{planes, planes + all, reinterpret_cast<const XRecord*>(planes + 2 * all), xblocks};
-  quantize_x_to_shared(static_cast<const T*>(a.x) + z * a.m * a.k, all, [&](int xb, uint4 lo, uint4 hi, XRecord r) {
-    planes[xb] = lo;
-    planes[all + xb] = hi;
-    reinterpret_cast<XRecord*>(planes + 2 * all)[xb] = r;
-  });
-  __syncthreads();
+  const SharedX x = quantize_x_to_planes<T, kSkipX>(a, planes, z, xblocks);
   constexpr int kG = lane_group<F, kRows>(), kUnroll = 4 / kG;  // four x-blocks' loads in flight per lane
   const int groups = xblocks / kG;
   for (int64_t n = first; n < a.n; n += warps * kRows) {
@@ -1132,6 +1165,19 @@ bool set_fused_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
   const int rows = fused_rows<F>(a.m);
   const int64_t sms = multiprocessor_count(), blocks = ceil_div(ceil_div(a.n, rows), kFusedWarps);
   l.kernel = fused_kernel<F, T>(a.m, rows);
+#if defined(GGML_EXT_TUNING)
+  // GGML_EXT_FUSED_SKIP_X=1: one row of float16 x without quantizing it (the products' time; wrong results);
+  // GGML_EXT_FUSED_PREFETCH=1: the weight prefetch before x's quantizing (fused_prefetch).
+  if constexpr (std::is_same_v<T, __half>) {
+    if (const char* v = std::getenv("GGML_EXT_FUSED_SKIP_X"); v != nullptr && std::atoi(v) == 1 && a.m == 1) {
+      l.kernel = rows == 2 ? reinterpret_cast<const void*>(&decode_fused_kernel<F, 1, T, 2, true>)
+                           : reinterpret_cast<const void*>(&decode_fused_kernel<F, 1, T, 1, true>);
+    }
+  }
+  const char* prefetch_env = std::getenv("GGML_EXT_FUSED_PREFETCH");
+  const int prefetch = prefetch_env != nullptr ? std::atoi(prefetch_env) : 0;
+  cudaMemcpyToSymbol(g_fused_prefetch, &prefetch, sizeof prefetch);
+#endif
   l.grid = dim3(static_cast<unsigned>(sms > 0 && blocks > sms * per_sm ? sms * per_sm : blocks),
                 static_cast<unsigned>(a.batches));
   l.block = dim3(kFusedWarps * 32);
