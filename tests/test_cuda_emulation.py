@@ -422,13 +422,15 @@ def test_decode_unaligned_rows(kernels, t, offset):
 @pytest.mark.parametrize("t, m", [(GGMLType.Q4_0, 1), (GGMLType.Q4_K, 1), (GGMLType.Q2_K, 1), (GGMLType.Q4_0, 8),
                                   (GGMLType.Q5_K, 8), (GGMLType.Q8_0, 8), (GGMLType.Q4_0, 4), (GGMLType.Q5_K, 2),
                                   (GGMLType.Q4_K, 2), (GGMLType.Q8_0, 2), (GGMLType.Q4_0, 3), (GGMLType.Q2_K, 4),
-                                  (GGMLType.Q4_0, 2), (GGMLType.IQ4_XS, 1), (GGMLType.Q5_1, 1)],
+                                  (GGMLType.Q4_0, 2), (GGMLType.IQ4_XS, 1), (GGMLType.Q5_1, 1), (GGMLType.Q4_1, 1),
+                                  (GGMLType.Q5_0, 1)],
                          ids=param_id)
 def test_decode_many_rows(kernels, t, m):
     """A weight of more rows than kFewRows (8192): up to fused_max_m rows of x the fused kernel (x quantized in
     each block's shared memory, rows of x one after another; the emulation reports 2 multiprocessors, so each warp
-    loops over many rows; Q2_K: the code sums of both halves; Q4_0, Q5_1 and IQ4_XS at m=1: each warp takes pairs
-    of weight rows, the last pair of these 8195 rows half past the end); above, the staged tensor-core kernel with
+    loops over many rows; Q2_K: the code sums of both halves; Q4_0, Q4_1, Q5_0, Q5_1 and IQ4_XS at m=1: each warp
+    takes pairs of weight rows, the last pair of these 8195 rows half past the end; Q4_1 and Q5_0 quantize x one
+    x-block per thread at a time); above, the staged tensor-core kernel with
     8 warps per 16 rows (Q4_0: 4) instead of 16."""
     got, exact, theirs = decode_case(kernels, t, F16, m, 256, n=8195, out_f32=True)
     assert_no_less_accurate_than_ggml(got, exact, theirs, "many rows", 256)

@@ -440,10 +440,10 @@ inline unsigned shared_x_bytes(const QuantizedMatmulArgs& a) {
 
 // Quantizes the `xblocks` x-blocks of x (contiguous) in shared memory, a thread per x-block; store(xb, lo, hi,
 // record) puts x-block xb's codes of elements 0..15 and 16..31 and its record where the kernel reads them.
-template <typename T, class Store>
+template <typename T, int kUnroll = 2, class Store>
 __device__ __forceinline__ void quantize_x_to_shared(const T* x, int xblocks, Store&& store) {
   const bool vector = aligned(x, 4 * sizeof(T));
-#pragma unroll 2
+#pragma unroll kUnroll
   for (int xb = threadIdx.x; xb < xblocks; xb += blockDim.x) {
     const T* src = x + 32 * static_cast<int64_t>(xb);
     float v[8][4];
@@ -474,25 +474,26 @@ __device__ __forceinline__ constexpr bool fused_prefetch() { return false; }
 #endif
 
 // The fused kernels' x: the batch's rows quantized into the shared-memory planes of SharedX, then a barrier.
-template <typename T, bool kSkipX>
+template <typename T, bool kSkipX, int kXUnroll>
 __device__ __forceinline__ SharedX quantize_x_to_planes(const QuantizedMatmulArgs& a, uint4* planes, int64_t z,
                                                         int xblocks) {
   const int all = static_cast<int>(a.m) * xblocks;  // x-blocks of the batch's rows of x, contiguous in x
   const SharedX x{planes, planes + all, reinterpret_cast<const XRecord*>(planes + 2 * all), xblocks};
   if constexpr (!kSkipX) {
-    quantize_x_to_shared(static_cast<const T*>(a.x) + z * a.m * a.k, all, [&](int xb, uint4 lo, uint4 hi, XRecord r) {
-      planes[xb] = lo;
-      planes[all + xb] = hi;
-      reinterpret_cast<XRecord*>(planes + 2 * all)[xb] = r;
-    });
+    quantize_x_to_shared<T, kXUnroll>(static_cast<const T*>(a.x) + z * a.m * a.k, all,
+                                      [&](int xb, uint4 lo, uint4 hi, XRecord r) {
+                                        planes[xb] = lo;
+                                        planes[all + xb] = hi;
+                                        reinterpret_cast<XRecord*>(planes + 2 * all)[xb] = r;
+                                      });
   }
   __syncthreads();
   return x;
 }
 
 // kRows weight rows per warp at a time (fused_rows). kSkipX: tuning builds' timing of the products alone (x is not
-// quantized; the results are meaningless).
-template <class F, int MB, typename T, int kRows, bool kSkipX = false>
+// quantized; the results are meaningless). kXUnroll: x-blocks each thread quantizes at once.
+template <class F, int MB, typename T, int kRows, bool kSkipX = false, int kXUnroll = 2>
 __global__ void __launch_bounds__(kFusedWarps * 32) decode_fused_kernel(QuantizedMatmulArgs a) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, xblocks = static_cast<int>(a.k / 32);
   const int64_t z = blockIdx.y, warps = static_cast<int64_t>(gridDim.x) * kFusedWarps;
@@ -500,7 +501,7 @@ __global__ void __launch_bounds__(kFusedWarps * 32) decode_fused_kernel(Quantize
   if (fused_prefetch() && first < a.n)
     prefetch_l2_warp(weight_row(a, z, first), a.row_bytes * (a.n - first < kRows ? a.n - first : kRows), lane);
   uint4* planes = dynamic_shared_memory<uint4>();
-  const SharedX x = quantize_x_to_planes<T, kSkipX>(a, planes, z, xblocks);
+  const SharedX x = quantize_x_to_planes<T, kSkipX, kXUnroll>(a, planes, z, xblocks);
   constexpr int kG = lane_group<F, kRows>(), kUnroll = 4 / kG;  // four x-blocks' loads in flight per lane
   const int groups = xblocks / kG;
   for (int64_t n = first; n < a.n; n += warps * kRows) {
@@ -1106,6 +1107,17 @@ int fused_rows(int64_t m) {
   return m <= fused_pair_max_m<F>() ? 2 : 1;
 }
 
+// x-blocks each thread of the one-row fused kernel quantizes at a time: 2 keeps more of x's loads in flight, 1 takes
+// fewer registers (Q5_0's pair kernel 73 -> 58: 4 blocks per multiprocessor instead of 3). H100, ncu through MLX,
+// 14336x4096, tuning build, GGML_EXT_FUSED_X_UNROLL=1 against the default in one run, each kernel three times (under
+// variant names that take the same kernels there; bench/results/h100-2026-11-26zz-fused-x-unroll.json): Q4_1
+// 18.0-18.4 against 20.2-21.0 us, Q5_0 20.7-22.6 against 22.1-22.5; Q4_0, Q4_K, Q5_K, Q8_0 the same within 0.5 us, IQ4_XS 0.6 us slower, Q6_K's fused kernel 27.0
+// against 31.3 but no faster than its two steps (27.0-27.3).
+template <class F>
+constexpr int fused_x_unroll() {
+  return std::is_same_v<F, decode::FmtQ4_1> || std::is_same_v<F, decode::FmtQ5_0> ? 1 : 2;
+}
+
 // The row counts of x compiled with pairs of weight rows: fused_pair_max_m's (tuning builds: fused_max_m's).
 template <class F>
 constexpr int fused_built_pair_m() {
@@ -1126,7 +1138,7 @@ const void* fused_kernel(int64_t m) {
   if constexpr (kMaxM >= 2) {
     if (m > 1) return reinterpret_cast<const void*>(&decode_fused_kernel<F, 2, T, kRows>);
   }
-  return reinterpret_cast<const void*>(&decode_fused_kernel<F, 1, T, kRows>);
+  return reinterpret_cast<const void*>(&decode_fused_kernel<F, 1, T, kRows, false, fused_x_unroll<F>()>);
 }
 template <class F, typename T>
 const void* fused_kernel(int64_t m, int rows) {
@@ -1172,6 +1184,11 @@ bool set_fused_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
     if (const char* v = std::getenv("GGML_EXT_FUSED_SKIP_X"); v != nullptr && std::atoi(v) == 1 && a.m == 1) {
       l.kernel = rows == 2 ? reinterpret_cast<const void*>(&decode_fused_kernel<F, 1, T, 2, true>)
                            : reinterpret_cast<const void*>(&decode_fused_kernel<F, 1, T, 1, true>);
+    }
+    // GGML_EXT_FUSED_X_UNROLL=1: one row of x quantized one x-block at a time per thread (fewer registers)
+    if (const char* v = std::getenv("GGML_EXT_FUSED_X_UNROLL"); v != nullptr && std::atoi(v) == 1 && a.m == 1) {
+      l.kernel = rows == 2 ? reinterpret_cast<const void*>(&decode_fused_kernel<F, 1, T, 2, false, 1>)
+                           : reinterpret_cast<const void*>(&decode_fused_kernel<F, 1, T, 1, false, 1>);
     }
   }
   const char* prefetch_env = std::getenv("GGML_EXT_FUSED_PREFETCH");
