@@ -80,10 +80,10 @@ struct XScale {
     return packed;
   }
   // Finite r (|r| < 2^22) to the nearest integer, ties to even, in one full-rate add: roundf and the float-to-int
-  // conversion it replaced run at a quarter of the rate or less, and the kernels that quantize x in every block
-  // (fused, staged with x inside) spent 2.5-4 us of an H100's 17-30 us in them (timed with and without quantizing,
-  // bench/results/h100-2026-11-26v-*). Floats in [2^23, 2^24) are the integers, so r + 1.5 * 2^23 is rounded, and
-  // its bits less those of 1.5 * 2^23 are the result.
+  // conversion it replaced run at a quarter of the rate or less, and the fused kernel, which quantizes x in every
+  // block, spent 2.5-4 us of an H100's 17-30 us on x (timed with and without quantizing it,
+  // bench/results/h100-2026-11-26v-fused-x-cost.json). Floats in [2^23, 2^24) are the integers, so r + 1.5 * 2^23
+  // is rounded, and its bits less those of 1.5 * 2^23 are the result.
   static __device__ __forceinline__ int nearest_int(float r) {
     return __float_as_int(__fadd_rn(r, 12582912.0f)) - 0x4B400000;
   }
@@ -420,7 +420,7 @@ __global__ void __launch_bounds__(warps_per_block<MB>() * 32) decode_dot_kernel(
 // with one row of x. The grid is at most kFusedBlocksPerSm blocks per multiprocessor, so x is quantized a few
 // hundred times rather than once per 8 rows. Each warp used to ask for its first rows in L2 before quantizing;
 // once x's codes took full-rate operations (XScale::nearest_int), the kernel was faster without (H100, ncu through
-// MLX, m=1, tuning build, GGML_EXT_FUSED_PREFETCH=1 against none in one run, bench/results/h100-2026-11-26w-*:
+// MLX, m=1, tuning build, GGML_EXT_FUSED_PREFETCH=1 against none in one run, h100-2026-11-26w-fused-prefetch.json:
 // 14336x4096 Q4_0 18.1 / 17.3 us, Q4_K 19.3 / 18.0, Q8_0 28.6 / 27.6, Q5_K 21.7 / 20.5, Q4_1 19.0 / 18.2; 4096x14336
 // Q5_K 25.3 / 22.9, Q4_0 22.1 / 21.7).
 // H100 (bench/cuda_kernel_driver.cu, both steps against this one, bench/results/h100-2026-11-25v-*.json),
@@ -1111,8 +1111,8 @@ int fused_rows(int64_t m) {
 // fewer registers (Q5_0's pair kernel 73 -> 58: 4 blocks per multiprocessor instead of 3). H100, ncu through MLX,
 // 14336x4096, tuning build, GGML_EXT_FUSED_X_UNROLL=1 against the default in one run, each kernel three times (under
 // variant names that take the same kernels there; bench/results/h100-2026-11-26zz-fused-x-unroll.json): Q4_1
-// 18.0-18.4 against 20.2-21.0 us, Q5_0 20.7-22.6 against 22.1-22.5; Q4_0, Q4_K, Q5_K, Q8_0 the same within 0.5 us, IQ4_XS 0.6 us slower, Q6_K's fused kernel 27.0
-// against 31.3 but no faster than its two steps (27.0-27.3).
+// 18.0-18.4 against 20.2-21.0 us, Q5_0 20.7-22.6 against 22.1-22.5; Q4_0, Q4_K, Q5_K, Q8_0 the same within 0.5 us,
+// IQ4_XS 0.6 us slower, Q6_K's fused kernel 27.0 against 31.3 but no faster than its two steps (27.0-27.3).
 template <class F>
 constexpr int fused_x_unroll() {
   return std::is_same_v<F, decode::FmtQ4_1> || std::is_same_v<F, decode::FmtQ5_0> ? 1 : 2;
@@ -1160,6 +1160,15 @@ constexpr int fused_few_rows_max_m() {
   return std::is_same_v<F, decode::FmtQ4_0> || std::is_same_v<F, decode::FmtQ5_K> ? 1 : 0;
 }
 
+#if defined(GGML_EXT_TUNING)
+// The one-row fused kernel with `rows` weight rows per warp, built for the tuning switches of set_fused_step.
+template <class F, typename T, bool kSkipX, int kXUnroll>
+const void* one_row_fused_kernel(int rows) {
+  return rows == 2 ? reinterpret_cast<const void*>(&decode_fused_kernel<F, 1, T, 2, kSkipX, kXUnroll>)
+                   : reinterpret_cast<const void*>(&decode_fused_kernel<F, 1, T, 1, kSkipX, kXUnroll>);
+}
+#endif
+
 // The fused kernel where it applies (rows on 4-byte boundaries, x's blocks fit shared memory, many weight rows
 // or fused_few_rows_max_m).
 template <class F, typename T>
@@ -1180,16 +1189,11 @@ bool set_fused_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
 #if defined(GGML_EXT_TUNING)
   // GGML_EXT_FUSED_SKIP_X=1: one row of float16 x without quantizing it (the products' time; wrong results);
   // GGML_EXT_FUSED_PREFETCH=1: the weight prefetch before x's quantizing (fused_prefetch).
+  // GGML_EXT_FUSED_X_UNROLL=1: one row of x quantized one x-block at a time per thread (fused_x_unroll).
   if constexpr (std::is_same_v<T, __half>) {
-    if (const char* v = std::getenv("GGML_EXT_FUSED_SKIP_X"); v != nullptr && std::atoi(v) == 1 && a.m == 1) {
-      l.kernel = rows == 2 ? reinterpret_cast<const void*>(&decode_fused_kernel<F, 1, T, 2, true>)
-                           : reinterpret_cast<const void*>(&decode_fused_kernel<F, 1, T, 1, true>);
-    }
-    // GGML_EXT_FUSED_X_UNROLL=1: one row of x quantized one x-block at a time per thread (fewer registers)
-    if (const char* v = std::getenv("GGML_EXT_FUSED_X_UNROLL"); v != nullptr && std::atoi(v) == 1 && a.m == 1) {
-      l.kernel = rows == 2 ? reinterpret_cast<const void*>(&decode_fused_kernel<F, 1, T, 2, false, 1>)
-                           : reinterpret_cast<const void*>(&decode_fused_kernel<F, 1, T, 1, false, 1>);
-    }
+    auto set = [](const char* name) { const char* v = std::getenv(name); return v != nullptr && std::atoi(v) == 1; };
+    if (a.m == 1 && set("GGML_EXT_FUSED_SKIP_X")) l.kernel = one_row_fused_kernel<F, T, true, 2>(rows);
+    if (a.m == 1 && set("GGML_EXT_FUSED_X_UNROLL")) l.kernel = one_row_fused_kernel<F, T, false, 1>(rows);
   }
   const char* prefetch_env = std::getenv("GGML_EXT_FUSED_PREFETCH");
   const int prefetch = prefetch_env != nullptr ? std::atoi(prefetch_env) : 0;
