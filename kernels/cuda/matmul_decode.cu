@@ -995,14 +995,22 @@ inline bool tuning_variant(const char* variant) {
 #endif
 }
 
+// Tuning builds: whether the switch `name` (an environment variable) is 1; never in the package's builds.
+inline bool tuning_switch(const char* name) {
+#if defined(GGML_EXT_TUNING)
+  const char* v = std::getenv(name);
+  return v != nullptr && std::atoi(v) == 1;
+#else
+  (void)name;
+  return false;
+#endif
+}
+
 // Whether a weight has too few rows for the one-kernel plans (fused, staged with x inside) but where measured
 // otherwise (fused_few_rows_max_m, shared_x_route): each block quantizes all of x for the few rows it then takes.
 // Tuning builds: GGML_EXT_FEW_ROWS_ONE_KERNEL=1 lifts it, to measure them.
 inline bool too_few_rows_for_one_kernel(const QuantizedMatmulArgs& a) {
-#if defined(GGML_EXT_TUNING)
-  if (const char* v = std::getenv("GGML_EXT_FEW_ROWS_ONE_KERNEL"); v != nullptr && std::atoi(v) == 1) return false;
-#endif
-  return a.n <= kFewRows;
+  return a.n <= kFewRows && !tuning_switch("GGML_EXT_FEW_ROWS_ONE_KERNEL");
 }
 
 // The per-16 formats only where staged_fits (set_dot_step): they have no reader for the unstaged kernel.
@@ -1191,12 +1199,10 @@ bool set_fused_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
   // GGML_EXT_FUSED_PREFETCH=1: the weight prefetch before x's quantizing (fused_prefetch).
   // GGML_EXT_FUSED_X_UNROLL=1: one row of x quantized one x-block at a time per thread (fused_x_unroll).
   if constexpr (std::is_same_v<T, __half>) {
-    auto set = [](const char* name) { const char* v = std::getenv(name); return v != nullptr && std::atoi(v) == 1; };
-    if (a.m == 1 && set("GGML_EXT_FUSED_SKIP_X")) l.kernel = one_row_fused_kernel<F, T, true, 2>(rows);
-    if (a.m == 1 && set("GGML_EXT_FUSED_X_UNROLL")) l.kernel = one_row_fused_kernel<F, T, false, 1>(rows);
+    if (a.m == 1 && tuning_switch("GGML_EXT_FUSED_SKIP_X")) l.kernel = one_row_fused_kernel<F, T, true, 2>(rows);
+    if (a.m == 1 && tuning_switch("GGML_EXT_FUSED_X_UNROLL")) l.kernel = one_row_fused_kernel<F, T, false, 1>(rows);
   }
-  const char* prefetch_env = std::getenv("GGML_EXT_FUSED_PREFETCH");
-  const int prefetch = prefetch_env != nullptr ? std::atoi(prefetch_env) : 0;
+  const int prefetch = tuning_switch("GGML_EXT_FUSED_PREFETCH") ? 1 : 0;
   cudaMemcpyToSymbol(g_fused_prefetch, &prefetch, sizeof prefetch);
 #endif
   l.grid = dim3(static_cast<unsigned>(sms > 0 && blocks > sms * per_sm ? sms * per_sm : blocks),
