@@ -8,6 +8,8 @@
 //   RUNTIME="kernels/cpu/runtime/isa.cpp kernels/cpu/runtime/parallel.cpp"
 //   g++ -std=c++20 -O2 -DGGML_EXT_X86_VARIANTS=1 -I. bench/cpu_kernel_driver.cpp $RUNTIME mm.o stream.o -o cpu_driver
 //   ./cpu_driver Q4_0 14336 4096 8 [reps]      # type, N, K, rows of x (m), rounds
+// For the AVX2 variant: ISA="-mavx2 -mfma -mf16c -mbmi2", GGML_EXT_ISA=isa_avx2 in F, and -DDRIVER_ISA=isa_avx2 on
+// the driver's line (CPUs without AVX-512 VNNI + VBMI, e.g. Zen 3, run that variant).
 //
 // Each round times 4 products on 4 distinct weights (so they come from DRAM, not the 32 MB L3), then a streaming
 // read of the same 4 weights; one JSON line with the medians and their ratio (fraction_of_roofline). The blocks
@@ -26,10 +28,13 @@
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/stream.h"
 
-namespace ggml_ext::cpu::isa_avx512 {
+#ifndef DRIVER_ISA
+#define DRIVER_ISA isa_avx512
+#endif
+namespace ggml_ext::cpu::DRIVER_ISA {
 void quantized_matmul(const MatmulArgs&);
 void stream_read(const StreamArgs&);
-}  // namespace ggml_ext::cpu::isa_avx512
+}  // namespace ggml_ext::cpu::DRIVER_ISA
 
 namespace {
 using namespace ggml_ext::cpu;
@@ -93,13 +98,13 @@ int main(int argc, char** argv) {
   for (int r = 0; r < rounds; ++r) {
     double t0 = now();
     for (auto& w : weights) {
-      isa_avx512::quantized_matmul(
+      DRIVER_ISA::quantized_matmul(
           MatmulArgs{x.data(), FloatType::f32, w.data(), type->id, out.data(), FloatType::f32, m, n, k, false});
     }
     product_s.push_back((now() - t0) / kWeights);
     t0 = now();
     for (auto& w : weights) {
-      isa_avx512::stream_read(StreamArgs{w.data(), nullptr, static_cast<int64_t>(w.size()) / 64 * 64, &checksum});
+      DRIVER_ISA::stream_read(StreamArgs{w.data(), nullptr, static_cast<int64_t>(w.size()) / 64 * 64, &checksum});
     }
     read_s.push_back((now() - t0) / kWeights);
   }

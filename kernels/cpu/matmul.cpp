@@ -138,6 +138,8 @@ struct QuantizedRows : RowTiles {
   std::vector<ActRecord> rec;
   // Per row and 16-element chunk, row-major: the exact float sum of x and the sum of its codes times their scale.
   std::vector<float> chunk_x, chunk_q;
+  // Per row and 32-element block: the sum of x, and that sum less the codes' (what the rounding left out).
+  std::vector<float> block_x, block_residual;
   int64_t chunks = 0;  // per row
 
   void resize(int64_t rows, int64_t K) {
@@ -146,6 +148,8 @@ struct QuantizedRows : RowTiles {
     chunks = units * (kGroup / 16);
     chunk_x.assign(padded * chunks, 0.0f);
     chunk_q.assign(padded * chunks, 0.0f);
+    block_x.assign(padded * chunks / 2, 0.0f);
+    block_residual.assign(padded * chunks / 2, 0.0f);
   }
 };
 
@@ -158,54 +162,115 @@ struct TileView {
   const ActRecord* records(int64_t g) const { return rec + g * stride; }
 };
 
-// Row r0 + r's chunk sums as a row dot reads them.
+// Row r0 + r's chunk and block sums as a row dot reads them.
 struct ChunkSums {
   const float* x;
   const float* q;
+  const float* block_x;
+  const float* block_residual;
   int64_t stride;
 
   ChunkSums(const QuantizedRows& act, int64_t row0)
-      : x(act.chunk_x.data() + row0 * act.chunks), q(act.chunk_q.data() + row0 * act.chunks), stride(act.chunks) {}
+      : x(act.chunk_x.data() + row0 * act.chunks), q(act.chunk_q.data() + row0 * act.chunks),
+        block_x(act.block_x.data() + row0 * act.chunks / 2),
+        block_residual(act.block_residual.data() + row0 * act.chunks / 2), stride(act.chunks) {}
   const float* x_of(int r, int64_t chunk) const { return x + r * stride + chunk; }
   const float* q_of(int r, int64_t chunk) const { return q + r * stride + chunk; }
+  const float* block_x_of(int r, int64_t block) const { return block_x + r * stride / 2 + block; }
+  const float* block_residual_of(int r, int64_t block) const { return block_residual + r * stride / 2 + block; }
 };
 
-// The sum of n floats (a power of 2) in pairs: a fixed order, so the same x gives the same sums.
-inline float pairwise_sum(const float* v, int n) {
-  return n == 1 ? v[0] : pairwise_sum(v, n / 2) + pairwise_sum(v + n / 2, n / 2);
+// The sum of n floats (a power of 2) by folding: the upper half added to the lower half, lane by lane, until one
+// is left. A fixed order, so the same x gives the same sums; a tree like a pairwise sum (as accurate), but one
+// that vectorizes.
+template <int n>
+inline float fold_sum(const float* v) {
+  float t[n];
+  std::memcpy(t, v, sizeof t);
+#pragma GCC unroll 8
+  for (int h = n / 2; h >= 1; h /= 2) {
+    for (int j = 0; j < h; ++j) t[j] += t[j + h];
+  }
+  return t[0];
+}
+
+// A block's 32 codes (integral floats within int8) as bytes; GCC scalarizes a plain vector narrowing.
+inline __attribute__((always_inline)) void store_block_codes(const vf32* codes, int8_t* q) {
+#if defined(__AVX512F__)
+  for (int i = 0; i < 2; ++i) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16 * i), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32((__m512)codes[i])));
+  }
+#elif defined(__AVX2__)
+  const __m256i words = _mm256_packs_epi32(_mm256_cvtps_epi32((__m256)codes[0]), _mm256_cvtps_epi32((__m256)codes[1]));
+  const __m256i words2 = _mm256_packs_epi32(_mm256_cvtps_epi32((__m256)codes[2]), _mm256_cvtps_epi32((__m256)codes[3]));
+  // packs works per 128-bit half: dword k of the result holds elements 8k..8k+3 (k < 4), 8(k-4)+4..+7 (k >= 4)
+  const __m256i bytes = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(words, words2), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), bytes);
+#else
+  for (int j = 0; j < kActBlock; ++j) q[j] = static_cast<int8_t>(codes[j / kLanes][j % kLanes]);
+#endif
 }
 
 // One block of x (n <= 32 elements, zeros after them): its values as float32 in v and its codes in q (v / scale
 // rounded; 0 for a zero or non-finite scale); returns the scale amax / 127.
 template <class Fmt>
-float quantize_block(const typename Fmt::T* x, int64_t n, float* v, int8_t* q) {
-  float amax = 0.0f;
-  for (int j = 0; j < kActBlock; ++j) {
-    v[j] = j < n ? Fmt::to_f32(x[j]) : 0.0f;
-    const float m = std::fabs(v[j]);
-    amax = (m > amax || m != m) ? m : amax;  // a NaN stays the maximum, so the row's result is NaN
+float quantize_block(const typename Fmt::T* x, int64_t n, float* v, int8_t* q, float* code_values = nullptr) {
+  constexpr int kVecs = kActBlock / kLanes;
+  typedef int32_t vi32 __attribute__((vector_size(kLanes * 4)));
+  vf32 val[kVecs];
+  if (n == kActBlock) {
+    for (int i = 0; i < kVecs; ++i) val[i] = Fmt::load(x + i * kLanes);
+  } else {
+    for (int j = 0; j < kActBlock; ++j) v[j] = j < n ? Fmt::to_f32(x[j]) : 0.0f;
+    for (int i = 0; i < kVecs; ++i) std::memcpy(&val[i], v + i * kLanes, sizeof(vf32));
   }
+  vf32 amax_lanes = {};
+  vi32 nan_lanes = {};
+  for (int i = 0; i < kVecs; ++i) {
+    const vf32 m = (vf32)((vu32)val[i] & 0x7fffffffu);
+    amax_lanes = m > amax_lanes ? m : amax_lanes;
+    nan_lanes |= val[i] != val[i];
+  }
+  float amax = 0.0f;
+  bool nan = false;
+  for (int l = 0; l < kLanes; ++l) {
+    amax = std::max(amax, amax_lanes[l]);
+    nan |= nan_lanes[l] != 0;
+  }
+  if (nan) amax = std::numeric_limits<float>::quiet_NaN();  // a NaN stays the maximum: the row's result is NaN
   const float scale = amax / 127.0f;
   const float inv = scale != 0.0f && std::isfinite(scale) ? 1.0f / scale : 0.0f;
-  for (int j = 0; j < kActBlock; ++j) q[j] = static_cast<int8_t>(std::nearbyint(v[j] * inv));
+  vf32 codes[kVecs];
+  for (int i = 0; i < kVecs; ++i) {
+    // |v * inv| <= 127 for a finite scale; otherwise inv is 0 and the codes are 0 (inf * 0 masked out).
+    const vf32 r = round_to_nearest_even(val[i] * inv);
+    codes[i] = (vf32)((vu32)r & (vu32)(r == r));
+    std::memcpy(v + i * kLanes, &val[i], sizeof(vf32));
+    if (code_values) std::memcpy(code_values + i * kLanes, &codes[i], sizeof(vf32));
+  }
+  store_block_codes(codes, q);
   return scale;
 }
 
 template <class Fmt>
 void quantize_row(const typename Fmt::T* x, int64_t K, QuantizedRows& a, int64_t row) {
   for (int64_t k0 = 0; k0 < K; k0 += kActBlock) {
-    float v[kActBlock];
+    float v[kActBlock], codes[kActBlock];
     const int64_t part = k0 % kGroup;
     ActRecord& r = a.rec[a.at(row, k0 / kGroup)];
-    const float scale = quantize_block<Fmt>(x + k0, std::min<int64_t>(kActBlock, K - k0), v, r.q + part);
+    const float scale = quantize_block<Fmt>(x + k0, std::min<int64_t>(kActBlock, K - k0), v, r.q + part, codes);
     r.d[part / kActBlock] = scale;
+    float block_x = 0.0f, block_q = 0.0f;
     for (int c = 0; c < kActBlock / 16; ++c) {
       const int64_t at = row * a.chunks + k0 / 16 + c;
-      int q_sum = 0;
-      for (int j = 0; j < 16; ++j) q_sum += r.q[part + 16 * c + j];
-      a.chunk_x[at] = pairwise_sum(v + 16 * c, 16);
-      a.chunk_q[at] = static_cast<float>(q_sum) * scale;
+      a.chunk_x[at] = fold_sum<16>(v + 16 * c);
+      a.chunk_q[at] = fold_sum<16>(codes + 16 * c) * scale;  // integers: the sum is exact
+      block_x += a.chunk_x[at];
+      block_q += a.chunk_q[at];
     }
+    const int64_t block = row * a.chunks / 2 + k0 / kActBlock;
+    a.block_x[block] = block_x;
+    a.block_residual[block] = block_x - block_q;
   }
 }
 
@@ -527,16 +592,20 @@ struct HalfCodes {
     return part;
   }
 
-  // The dot of 32 codes with 32 activation codes, 4 per int32 lane. Pairs of products stay within int16: at most
-  // 2 * 63 * 127 unsigned, 2 * 128 * 127 signed.
-  static inline __attribute__((always_inline)) __m256i dot(__m256i w, const int8_t* q) {
+  // The products of 32 codes with 32 activation codes summed in pairs, in int16 lanes: at most 2 * 63 * 127
+  // unsigned, 2 * 128 * 127 signed.
+  static inline __attribute__((always_inline)) __m256i pairs(__m256i w, const int8_t* q) {
     const __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
+    return kUnsigned ? _mm256_maddubs_epi16(w, qv) : _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(qv, w));
+  }
+  // The dot of 32 codes with 32 activation codes, 4 per int32 lane.
+  static inline __attribute__((always_inline)) __m256i dot(__m256i w, const int8_t* q) {
 #if defined(__AVX512VNNI__)
-    if constexpr (kUnsigned) return _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, qv);
+    if constexpr (kUnsigned) {
+      return _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)));
+    }
 #endif
-    const __m256i pairs = kUnsigned ? _mm256_maddubs_epi16(w, qv)
-                                    : _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(qv, w));
-    return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+    return _mm256_madd_epi16(pairs(w, q), _mm256_set1_epi16(1));
   }
 };
 
@@ -593,6 +662,73 @@ struct HalfScalesOf<GGML_EXT_BLOCK_FORMAT(q5_k, 256)> {
   using type = K4HalfScales<GGML_EXT_BLOCK_FORMAT(q5_k, 256)>;
 };
 
+// 256-element formats whose chunk scales are small integers times one float per block (Q2_K, Q4_K, Q5_K, Q6_K):
+// the integers multiply the code pairs in the int16-to-int32 step (madd, which otherwise multiplies by 1), so a
+// half's float work is one conversion and one FMA with the activation scale, the block's float scale applied
+// once per block. Without VNNI only (VNNI's dpbusd has no int16 step).
+template <class Q>
+struct IntChunkScales {
+  static constexpr bool kHas = false;
+};
+template <class B>
+struct IntChunkScalesBase {
+  static constexpr bool kHas = true;
+  static constexpr bool kSubBlockSums = false;
+  __m256i low, high;  // int16 scales of chunks 0..7 (resp. 8..15), in both 128-bit halves
+  float d;
+
+  inline __attribute__((always_inline)) void set(vi8x16 chunk_scales, float block_scale) {
+    const __m256i words = _mm256_cvtepi8_epi16((__m128i)chunk_scales);
+    low = _mm256_permute2x128_si256(words, words, 0x00);
+    high = _mm256_permute2x128_si256(words, words, 0x11);
+    d = block_scale;
+  }
+  // Half H's scales as multipliers of its 16 code pairs: chunk 2H's in the low 128 bits, 2H + 1's in the high.
+  template <int H>
+  inline __attribute__((always_inline)) __m256i half() const {
+    constexpr char c0 = static_cast<char>(4 * H % 16), c1 = static_cast<char>((4 * H + 2) % 16);
+    const __m256i idx = _mm256_setr_epi8(c0, c0 + 1, c0, c0 + 1, c0, c0 + 1, c0, c0 + 1, c0, c0 + 1, c0, c0 + 1, c0,
+                                         c0 + 1, c0, c0 + 1, c1, c1 + 1, c1, c1 + 1, c1, c1 + 1, c1, c1 + 1, c1, c1 + 1,
+                                         c1, c1 + 1, c1, c1 + 1, c1, c1 + 1);
+    return _mm256_shuffle_epi8(H < 4 ? low : high, idx);
+  }
+};
+#if !defined(__AVX512VNNI__)
+template <class B>
+struct K4IntScales : IntChunkScalesBase<B> {
+  static constexpr bool kSubBlockSums = true;  // sums per 32-element sub-block (sub_scale, sub_min)
+  vf32x8 sub_scale, sub_min;                    // the 8 scales and mins as floats (without d, dmin)
+  float dmin;
+
+  inline __attribute__((always_inline)) void load_block(const B* b) {
+    const vu8x16 sub = k4_scale_min_bytes(b);  // chunk c has sub-block c / 2's scale
+    this->set((vi8x16)__builtin_shufflevector(sub, sub, 0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7),
+              GGML_EXT_HALF_TO_FLOAT(b->d));
+    sub_scale = (vf32x8)_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32((__m128i)sub));
+    sub_min = (vf32x8)_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128((__m128i)sub, 8)));
+    dmin = GGML_EXT_HALF_TO_FLOAT(b->dmin);
+  }
+};
+template <>
+struct IntChunkScales<GGML_EXT_BLOCK_FORMAT(q4_k, 256)> : K4IntScales<block_q4_k> {};
+template <>
+struct IntChunkScales<GGML_EXT_BLOCK_FORMAT(q5_k, 256)> : K4IntScales<block_q5_k> {};
+template <>
+struct IntChunkScales<GGML_EXT_BLOCK_FORMAT(q6_k, 256)> : IntChunkScalesBase<block_q6_k> {
+  inline __attribute__((always_inline)) void load_block(const block_q6_k* b) {
+    vi8x16 sc;
+    std::memcpy(&sc, b->scales, sizeof sc);
+    set(sc, GGML_EXT_HALF_TO_FLOAT(b->d));
+  }
+};
+template <>
+struct IntChunkScales<GGML_EXT_BLOCK_FORMAT(q2_k, 256)> : IntChunkScalesBase<block_q2_k> {
+  inline __attribute__((always_inline)) void load_block(const block_q2_k* b) {
+    set((vi8x16)(load16(b->scales) & 15), GGML_EXT_HALF_TO_FLOAT(b->d));
+  }
+};
+#endif
+
 template <class Q, int MR, bool kOffset>
 struct HalfRowDot {
   using B = typename Q::B;
@@ -614,6 +750,16 @@ struct HalfRowDot {
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
       acc[r] += __builtin_convertvector((vi32x8)Codes::dot(w, rec[r].q + 32 * h), vf32x8) * (sw * rec[r].d[h]);
+    }
+  }
+
+  // Half h of group g with integer chunk scales (IntChunkScales): acc gets the dot times the activation scale.
+  static inline __attribute__((always_inline)) void int_half(Acc& acc, __m256i w, __m256i chunk_scales,
+                                                            const ActRecord* rec, int h) {
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      const __m256i dot = _mm256_madd_epi16(Codes::pairs(w, rec[r].q + 32 * h), chunk_scales);
+      acc[r] += __builtin_convertvector((vi32x8)dot, vf32x8) * rec[r].d[h];
     }
   }
 
@@ -673,6 +819,39 @@ struct HalfRowDot {
               sums_acc[r][0] += add;
             }
           }
+        }
+      }
+    } else if constexpr (IntChunkScales<Q>::kHas && MR <= 2) {
+      typename HalfScalesOf<Q>::type sc;  // float chunk scales and offsets, for the sums
+      IntChunkScales<Q> is;
+      for (int64_t blk = begin; blk < end; ++blk) {
+        const uint8_t* p = row + blk * sizeof(B);
+        prefetch_ahead<3>(p);
+        is.load_block(reinterpret_cast<const B*>(p));
+        const ActRecord* rec = tile.records(blk * 4);
+        Acc block_acc[2] = {};  // even and odd halves: two chains of FMAs
+        [&]<int... C>(std::integer_sequence<int, C...>) __attribute__((always_inline)) {
+          (int_half(block_acc[C % 2], codes.template decode<C / 2, C % 2>(p), is.template half<C>(),
+                    rec + C / 2 * tile.stride, C % 2),
+           ...);
+        }(std::make_integer_sequence<int, 8>{});
+        if constexpr (IntChunkScales<Q>::kSubBlockSums) {
+          // Q4_K, Q5_K: the centering and the zero point cancel but for x's rounding residual (kZero = kCenter):
+          // per sub-block j, d sc_j kZero (X_j - Q_j) - dmin m_j X_j
+          static_assert(Codes::kZero == static_cast<int>(kCenter));
+#pragma GCC unroll 8
+          for (int r = 0; r < MR; ++r) {
+            block_acc[0][r] += is.sub_scale * (load_vec<vf32x8>(chunk_sums.block_residual_of(r, 8 * blk)) * kCenter);
+            sums_acc[r] -= is.sub_min * (load_vec<vf32x8>(chunk_sums.block_x_of(r, 8 * blk)) * is.dmin);
+          }
+        }
+        const vf32x8 d = (vf32x8)_mm256_set1_ps(is.d);
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; ++r) acc[r] += (block_acc[0][r] + block_acc[1][r]) * d;
+        if constexpr (kSums && !IntChunkScales<Q>::kSubBlockSums) {
+          sc.load_block(reinterpret_cast<const B*>(p));
+          const vf32x8 offset[2] = {sc.offset[0] + sc.scale[0] * kCenter, sc.offset[1] + sc.scale[1] * kCenter};
+          block_sums<2>(sums_acc, sc.scale, offset, 16 * blk);
         }
       }
     } else {
@@ -761,7 +940,7 @@ void quantize_row(const typename Fmt::T* x, int64_t K, SpanRows<S>& a, int64_t r
     for (int j = 0; j < kActBlock; ++j) r.q[span_position<S>(base + j)] = static_cast<uint8_t>(q[j] + 128);
     for (int l = 0; l < kActBlock / kLane; ++l) {
       r.d[base / kLane + l] = scale;
-      r.xsum[base / kLane + l] = pairwise_sum(v + kLane * l, kLane);
+      r.xsum[base / kLane + l] = fold_sum<kLane>(v + kLane * l);
     }
   }
 }

@@ -189,6 +189,20 @@ inline void stream_fence() {
 #endif
 }
 
+// Each lane rounded to the nearest integer, ties to even (nearbyint in the default rounding mode).
+inline vf32 round_to_nearest_even(vf32 v) {
+#if defined(__AVX512F__)
+  return (vf32)_mm512_roundscale_ps((__m512)v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+#elif defined(__AVX2__)
+  return (vf32)_mm256_round_ps((__m256)v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+  return (vf32)vrndnq_f32((float32x4_t)v);
+#else
+  for (int i = 0; i < kLanes; ++i) v[i] = __builtin_nearbyintf(v[i]);
+  return v;
+#endif
+}
+
 inline float hsum(vf32 v) {
   float s = 0.0f;
   for (int i = 0; i < kLanes; ++i) s += v[i];
