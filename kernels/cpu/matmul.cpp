@@ -138,7 +138,8 @@ struct QuantizedRows : RowTiles {
   std::vector<ActRecord> rec;
   // Per row and 16-element chunk, row-major: the exact float sum of x and the sum of its codes times their scale.
   std::vector<float> chunk_x, chunk_q;
-  // Per row and 32-element block: the sum of x, and that sum less the codes' (what the rounding left out).
+  // Per row and 32-element block: the sum of x, and that sum less the codes' (what the rounding left out); read
+  // by Q4_K and Q5_K's integer-scale path (IntChunkScales).
   std::vector<float> block_x, block_residual;
   int64_t chunks = 0;  // per row
 
@@ -385,21 +386,24 @@ struct Q2KScales : ChunkScales<GGML_EXT_BLOCK_FORMAT(q2_k, 256)> {
   }
 };
 
-// Q3_K: 16 six-bit scales (minus 32): low nibbles from bytes 0..7, two high bits from bytes 8..11.
+// Q3_K: 16 six-bit scales (minus 32): low nibbles from bytes 0..7, two high bits from bytes 8..11. The 16 scales
+// as stored (plus 32).
+inline __attribute__((always_inline)) vu8x16 q3k_scale_bytes(const block_q3_k* b) {
+  const vu8x16 v = load16(b->scales);  // 12 bytes of scales, then the block's d and the next block
+  const vu8x16 low_idx = {0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7};
+  const vu8x16 first_half = {15, 15, 15, 15, 15, 15, 15, 15, 0, 0, 0, 0, 0, 0, 0, 0};
+  const vu8x16 high_idx = {8, 9, 10, 11, 8, 9, 10, 11, 8, 9, 10, 11, 8, 9, 10, 11};
+  const vu8x16 low = __builtin_shuffle(v, low_idx), high = __builtin_shuffle(v, high_idx);
+  const vu8x16 q0 = {3, 3, 3, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};  // high bits at shift 2 * (j / 4)
+  const vu8x16 q1 = __builtin_shuffle(q0, vu8x16{4, 4, 4, 4, 0, 1, 2, 3, 4, 4, 4, 4, 4, 4, 4, 4});
+  const vu8x16 q2 = __builtin_shuffle(q0, vu8x16{4, 4, 4, 4, 4, 4, 4, 4, 0, 1, 2, 3, 4, 4, 4, 4});
+  const vu8x16 q3 = __builtin_shuffle(q0, vu8x16{4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 0, 1, 2, 3});
+  const vu8x16 hbits = (high & q0) | ((high >> 2) & q1) | ((high >> 4) & q2) | ((high >> 6) & q3);
+  return (low & first_half) | ((low >> 4) & ~first_half & 15) | (hbits << 4);
+}
 struct Q3KScales : ChunkScales<GGML_EXT_BLOCK_FORMAT(q3_k, 256)> {
   inline __attribute__((always_inline)) void load_block(const block_q3_k* b) {
-    const vu8x16 v = load16(b->scales);  // 12 bytes of scales, then the block's d and the next block
-    const vu8x16 low_idx = {0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7};
-    const vu8x16 first_half = {15, 15, 15, 15, 15, 15, 15, 15, 0, 0, 0, 0, 0, 0, 0, 0};
-    const vu8x16 high_idx = {8, 9, 10, 11, 8, 9, 10, 11, 8, 9, 10, 11, 8, 9, 10, 11};
-    const vu8x16 low = __builtin_shuffle(v, low_idx), high = __builtin_shuffle(v, high_idx);
-    const vu8x16 q0 = {3, 3, 3, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};  // high bits at shift 2 * (j / 4)
-    const vu8x16 q1 = __builtin_shuffle(q0, vu8x16{4, 4, 4, 4, 0, 1, 2, 3, 4, 4, 4, 4, 4, 4, 4, 4});
-    const vu8x16 q2 = __builtin_shuffle(q0, vu8x16{4, 4, 4, 4, 4, 4, 4, 4, 0, 1, 2, 3, 4, 4, 4, 4});
-    const vu8x16 q3 = __builtin_shuffle(q0, vu8x16{4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 0, 1, 2, 3});
-    const vu8x16 hbits = (high & q0) | ((high >> 2) & q1) | ((high >> 4) & q2) | ((high >> 6) & q3);
-    const vu8x16 sc = (low & first_half) | ((low >> 4) & ~first_half & 15) | (hbits << 4);
-    scale = (widen_bytes(sc) - 32.0f) * GGML_EXT_HALF_TO_FLOAT(b->d);
+    scale = (widen_bytes(q3k_scale_bytes(b)) - 32.0f) * GGML_EXT_HALF_TO_FLOAT(b->d);
     offset = vf32x16{};
   }
 };
@@ -629,16 +633,22 @@ struct HalfScales {
   }
 };
 
+// The 8 scales and 8 mins of k4_scale_min_bytes as floats.
+inline __attribute__((always_inline)) void k4_scale_min_floats(vu8x16 bytes, vf32x8& scale, vf32x8& min) {
+  scale = (vf32x8)_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32((__m128i)bytes));
+  min = (vf32x8)_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128((__m128i)bytes, 8)));
+}
+
 // Q4_K, Q5_K: 8 sub-block scales and mins, one per half, unpacked and converted in registers.
 template <class Q>
 struct K4HalfScales : HalfScales<Q> {
   vf32x8 sub_scale;
 
   inline __attribute__((always_inline)) void load_block(const typename Q::B* b) {
-    const __m128i bytes = (__m128i)k4_scale_min_bytes(b);
-    sub_scale = (vf32x8)_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes)) * GGML_EXT_HALF_TO_FLOAT(b->d);
-    const vf32x8 sub_min =
-        (vf32x8)_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8))) * -GGML_EXT_HALF_TO_FLOAT(b->dmin);
+    vf32x8 sub_min;
+    k4_scale_min_floats(k4_scale_min_bytes(b), sub_scale, sub_min);
+    sub_scale *= GGML_EXT_HALF_TO_FLOAT(b->d);
+    sub_min *= -GGML_EXT_HALF_TO_FLOAT(b->dmin);
     this->scale[0] = __builtin_shufflevector(sub_scale, sub_scale, 0, 0, 1, 1, 2, 2, 3, 3);
     this->scale[1] = __builtin_shufflevector(sub_scale, sub_scale, 4, 4, 5, 5, 6, 6, 7, 7);
     this->offset[0] = __builtin_shufflevector(sub_min, sub_min, 0, 0, 1, 1, 2, 2, 3, 3);
@@ -662,7 +672,8 @@ struct HalfScalesOf<GGML_EXT_BLOCK_FORMAT(q5_k, 256)> {
   using type = K4HalfScales<GGML_EXT_BLOCK_FORMAT(q5_k, 256)>;
 };
 
-// 256-element formats whose chunk scales are small integers times one float per block (Q2_K, Q4_K, Q5_K, Q6_K):
+// 256-element formats whose chunk scales are small integers times one float per block (the K-quants; IQ4_XS too,
+// but with its scales unpacked one at a time it gained nothing: 160.7 / 162.2 us, 256x4096, one row of x, Zen 3):
 // the integers multiply the code pairs in the int16-to-int32 step (madd, which otherwise multiplies by 1), so a
 // half's float work is one conversion and one FMA with the activation scale, the block's float scale applied
 // once per block. Without VNNI only (VNNI's dpbusd has no int16 step).
@@ -670,7 +681,6 @@ template <class Q>
 struct IntChunkScales {
   static constexpr bool kHas = false;
 };
-template <class B>
 struct IntChunkScalesBase {
   static constexpr bool kHas = true;
   static constexpr bool kSubBlockSums = false;
@@ -695,17 +705,16 @@ struct IntChunkScalesBase {
 };
 #if !defined(__AVX512VNNI__)
 template <class B>
-struct K4IntScales : IntChunkScalesBase<B> {
+struct K4IntScales : IntChunkScalesBase {
   static constexpr bool kSubBlockSums = true;  // sums per 32-element sub-block (sub_scale, sub_min)
   vf32x8 sub_scale, sub_min;                    // the 8 scales and mins as floats (without d, dmin)
   float dmin;
 
   inline __attribute__((always_inline)) void load_block(const B* b) {
     const vu8x16 sub = k4_scale_min_bytes(b);  // chunk c has sub-block c / 2's scale
-    this->set((vi8x16)__builtin_shufflevector(sub, sub, 0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7),
-              GGML_EXT_HALF_TO_FLOAT(b->d));
-    sub_scale = (vf32x8)_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32((__m128i)sub));
-    sub_min = (vf32x8)_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128((__m128i)sub, 8)));
+    set((vi8x16)__builtin_shufflevector(sub, sub, 0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7),
+        GGML_EXT_HALF_TO_FLOAT(b->d));
+    k4_scale_min_floats(sub, sub_scale, sub_min);
     dmin = GGML_EXT_HALF_TO_FLOAT(b->dmin);
   }
 };
@@ -714,7 +723,7 @@ struct IntChunkScales<GGML_EXT_BLOCK_FORMAT(q4_k, 256)> : K4IntScales<block_q4_k
 template <>
 struct IntChunkScales<GGML_EXT_BLOCK_FORMAT(q5_k, 256)> : K4IntScales<block_q5_k> {};
 template <>
-struct IntChunkScales<GGML_EXT_BLOCK_FORMAT(q6_k, 256)> : IntChunkScalesBase<block_q6_k> {
+struct IntChunkScales<GGML_EXT_BLOCK_FORMAT(q6_k, 256)> : IntChunkScalesBase {
   inline __attribute__((always_inline)) void load_block(const block_q6_k* b) {
     vi8x16 sc;
     std::memcpy(&sc, b->scales, sizeof sc);
@@ -722,7 +731,13 @@ struct IntChunkScales<GGML_EXT_BLOCK_FORMAT(q6_k, 256)> : IntChunkScalesBase<blo
   }
 };
 template <>
-struct IntChunkScales<GGML_EXT_BLOCK_FORMAT(q2_k, 256)> : IntChunkScalesBase<block_q2_k> {
+struct IntChunkScales<GGML_EXT_BLOCK_FORMAT(q3_k, 256)> : IntChunkScalesBase {
+  inline __attribute__((always_inline)) void load_block(const block_q3_k* b) {
+    set((vi8x16)(q3k_scale_bytes(b) - 32), GGML_EXT_HALF_TO_FLOAT(b->d));
+  }
+};
+template <>
+struct IntChunkScales<GGML_EXT_BLOCK_FORMAT(q2_k, 256)> : IntChunkScalesBase {
   inline __attribute__((always_inline)) void load_block(const block_q2_k* b) {
     set((vi8x16)(load16(b->scales) & 15), GGML_EXT_HALF_TO_FLOAT(b->d));
   }
@@ -734,6 +749,9 @@ struct HalfRowDot {
   using B = typename Q::B;
   using Codes = HalfCodes<Q, kOffset>;
   static constexpr bool kSums = kOffset || Codes::kZero != 0;  // whether the chunk sums take part
+  // Rows of x up to which IntChunkScales formats take their integer path (8 rows' accumulators and block
+  // accumulators would not fit AVX2's 16 vector registers).
+  static constexpr int kIntScaleRows = 4;
   // Accumulators live in run() (as members, GCC stores them back after every step).
   using Acc = vf32x8[MR];
   TileView tile;
@@ -821,7 +839,7 @@ struct HalfRowDot {
           }
         }
       }
-    } else if constexpr (IntChunkScales<Q>::kHas && MR <= 2) {
+    } else if constexpr (IntChunkScales<Q>::kHas && MR <= kIntScaleRows) {
       typename HalfScalesOf<Q>::type sc;  // float chunk scales and offsets, for the sums
       IntChunkScales<Q> is;
       for (int64_t blk = begin; blk < end; ++blk) {
@@ -829,9 +847,10 @@ struct HalfRowDot {
         prefetch_ahead<3>(p);
         is.load_block(reinterpret_cast<const B*>(p));
         const ActRecord* rec = tile.records(blk * 4);
-        Acc block_acc[2] = {};  // even and odd halves: two chains of FMAs
+        constexpr int kChains = MR <= 2 ? 2 : 1;  // with 1-2 rows of x, even and odd halves in two chains of FMAs
+        Acc block_acc[kChains] = {};
         [&]<int... C>(std::integer_sequence<int, C...>) __attribute__((always_inline)) {
-          (int_half(block_acc[C % 2], codes.template decode<C / 2, C % 2>(p), is.template half<C>(),
+          (int_half(block_acc[C % kChains], codes.template decode<C / 2, C % 2>(p), is.template half<C>(),
                     rec + C / 2 * tile.stride, C % 2),
            ...);
         }(std::make_integer_sequence<int, 8>{});
@@ -842,12 +861,12 @@ struct HalfRowDot {
 #pragma GCC unroll 8
           for (int r = 0; r < MR; ++r) {
             block_acc[0][r] += is.sub_scale * (load_vec<vf32x8>(chunk_sums.block_residual_of(r, 8 * blk)) * kCenter);
-            sums_acc[r] -= is.sub_min * (load_vec<vf32x8>(chunk_sums.block_x_of(r, 8 * blk)) * is.dmin);
+            acc[r] -= is.sub_min * (load_vec<vf32x8>(chunk_sums.block_x_of(r, 8 * blk)) * is.dmin);
           }
         }
         const vf32x8 d = (vf32x8)_mm256_set1_ps(is.d);
 #pragma GCC unroll 8
-        for (int r = 0; r < MR; ++r) acc[r] += (block_acc[0][r] + block_acc[1][r]) * d;
+        for (int r = 0; r < MR; ++r) acc[r] += (kChains == 2 ? block_acc[0][r] + block_acc[kChains - 1][r] : block_acc[0][r]) * d;
         if constexpr (kSums && !IntChunkScales<Q>::kSubBlockSums) {
           sc.load_block(reinterpret_cast<const B*>(p));
           const vf32x8 offset[2] = {sc.offset[0] + sc.scale[0] * kCenter, sc.offset[1] + sc.scale[1] * kCenter};
