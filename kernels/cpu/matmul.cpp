@@ -771,6 +771,14 @@ struct HalfRowDot {
     }
   }
 
+  // What 256-element block blk adds beyond the codes' dot, from its float chunk scales and offsets.
+  inline __attribute__((always_inline)) void block_chunk_sums(Acc& sums_acc, const typename HalfScalesOf<Q>::type& sc,
+                                                              int64_t blk) const {
+    constexpr float kCenter = static_cast<float>(code_center<Q, kOffset>());
+    const vf32x8 offset[2] = {sc.offset[0] + sc.scale[0] * kCenter, sc.offset[1] + sc.scale[1] * kCenter};
+    block_sums<2>(sums_acc, sc.scale, offset, 16 * blk);
+  }
+
   // Half h of group g with integer chunk scales (IntChunkScales): acc gets the dot times the activation scale.
   static inline __attribute__((always_inline)) void int_half(Acc& acc, __m256i w, __m256i chunk_scales,
                                                             const ActRecord* rec, int h) {
@@ -840,7 +848,6 @@ struct HalfRowDot {
         }
       }
     } else if constexpr (IntChunkScales<Q>::kHas && MR <= kIntScaleRows) {
-      typename HalfScalesOf<Q>::type sc;  // float chunk scales and offsets, for the sums
       IntChunkScales<Q> is;
       for (int64_t blk = begin; blk < end; ++blk) {
         const uint8_t* p = row + blk * sizeof(B);
@@ -866,11 +873,15 @@ struct HalfRowDot {
         }
         const vf32x8 d = (vf32x8)_mm256_set1_ps(is.d);
 #pragma GCC unroll 8
-        for (int r = 0; r < MR; ++r) acc[r] += (kChains == 2 ? block_acc[0][r] + block_acc[kChains - 1][r] : block_acc[0][r]) * d;
+        for (int r = 0; r < MR; ++r) {
+          vf32x8 block_sum = block_acc[0][r];
+          if constexpr (kChains == 2) block_sum += block_acc[1][r];
+          acc[r] += block_sum * d;
+        }
         if constexpr (kSums && !IntChunkScales<Q>::kSubBlockSums) {
+          typename HalfScalesOf<Q>::type sc;  // float chunk scales and offsets, for the sums
           sc.load_block(reinterpret_cast<const B*>(p));
-          const vf32x8 offset[2] = {sc.offset[0] + sc.scale[0] * kCenter, sc.offset[1] + sc.scale[1] * kCenter};
-          block_sums<2>(sums_acc, sc.scale, offset, 16 * blk);
+          block_chunk_sums(sums_acc, sc, blk);
         }
       }
     } else {
@@ -886,10 +897,7 @@ struct HalfRowDot {
                 C % 2),
            ...);
         }(std::make_integer_sequence<int, 8>{});
-        if constexpr (kSums) {
-          const vf32x8 offset[2] = {sc.offset[0] + sc.scale[0] * kCenter, sc.offset[1] + sc.scale[1] * kCenter};
-          block_sums<2>(sums_acc, sc.scale, offset, 16 * blk);
-        }
+        if constexpr (kSums) block_chunk_sums(sums_acc, sc, blk);
       }
     }
 #pragma GCC unroll 8
