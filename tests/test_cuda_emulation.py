@@ -13,6 +13,7 @@ import ctypes
 import os
 import shutil
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -80,12 +81,20 @@ class QuantizedMatmulArgs(ctypes.Structure):
 
 @pytest.fixture(scope="module")
 def kernels(tmp_path_factory):
-    lib = tmp_path_factory.mktemp("cuda_emulation") / "kernels.so"
-    sources = sorted(str(p) for p in (ROOT / "kernels/cuda").glob("*.cu"))
-    subprocess.run([CXX, "-std=c++20", "-O1", "-ffp-contract=off", "-fPIC", "-shared", "-pthread",
-                    "-include", str(ROOT / "tests/cuda_emulation/cuda_emu.h"), f"-I{ROOT}", f"-I{CUDA_INCLUDE}",
-                    "-x", "c++", *sources, "-x", "none", str(ROOT / "tests/cuda_emulation/emulated_launch.cpp"),
-                    "-o", str(lib)], check=True)
+    out = tmp_path_factory.mktemp("cuda_emulation")
+    sources = sorted((ROOT / "kernels/cuda").glob("*.cu")) + [ROOT / "tests/cuda_emulation/emulated_launch.cpp"]
+
+    def compile_unit(source):
+        obj = out / (source.name + ".o")
+        subprocess.run([CXX, "-std=c++20", "-O1", "-ffp-contract=off", "-fPIC", "-include",
+                        str(ROOT / "tests/cuda_emulation/cuda_emu.h"), f"-I{ROOT}", f"-I{CUDA_INCLUDE}", "-x", "c++",
+                        "-c", str(source), "-o", str(obj)], check=True)
+        return str(obj)
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:  # one g++ per file: the cores in parallel
+        objects = list(pool.map(compile_unit, sources))
+    lib = out / "kernels.so"
+    subprocess.run([CXX, "-shared", *objects, "-o", str(lib)], check=True)
     return ctypes.CDLL(str(lib))
 
 
@@ -112,6 +121,27 @@ def loaded(a: np.ndarray, ftype: int) -> np.ndarray:
 
 
 TOL = {F32: 2e-6, F16: 1e-3, BF16: 8e-3}  # harness.TOLERANCES for rms_norm and rope
+
+
+# ----------------------------------------------------------------------------- the emulator itself
+
+def test_emulator_exposes_a_missing_barrier(kernels):
+    """A block's threads run as fibers in turn: a load from shared memory without the barrier after the other
+    threads' stores reads a stale value, as it may on a GPU; with the barrier, the reversed input."""
+    x = np.arange(64, dtype=np.float32)
+    kernels.emulated_selftest.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+    for variant, shift in [(1, 0.0), (0, 100.0)]:
+        shifted, y = x + shift, np.zeros(64, np.float32)
+        assert kernels.emulated_selftest(ptr(shifted), ptr(y), variant) == 0
+        assert np.array_equal(y, shifted[::-1]) == (variant == 1), (variant, y)
+
+
+def test_emulator_reports_a_barrier_not_every_thread_reaches(kernels):
+    """__syncthreads in code that only the first warp runs: an error (4), not a hang."""
+    x = np.arange(64, dtype=np.float32)
+    kernels.emulated_selftest.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+    y = np.zeros(64, np.float32)
+    assert kernels.emulated_selftest(ptr(x), ptr(y), 2) == 4
 
 
 # ----------------------------------------------------------------------------- dequantize

@@ -1,12 +1,11 @@
 // Runs the CUDA kernels of kernels/cuda on the host, for tests/test_cuda_emulation.py: the .cu files are
-// compiled as C++ with this header forced in. Each block runs alone, one host thread per CUDA thread, so
-// __shared__ memory is a static variable, __syncthreads a barrier over the block's threads and a warp
-// shuffle an exchange through memory between barriers of the warp's 32 threads. Arithmetic is the host's
+// compiled as C++ with this header forced in. Each block runs alone, its CUDA threads fibers of one host thread
+// (emulated_launch.cpp), so __shared__ memory is a static variable, __syncthreads a barrier over the block's
+// threads and a warp shuffle an exchange through memory between barriers of the warp's 32 threads. Arithmetic is the host's
 // IEEE float32 without contraction (the kernels' __f*_rn intrinsics are plain operations). The WMMA API is
 // emulated with whole 16x16 tiles per thread (every lane computes the warp's fragment; lane 0 stores it), which
 // checks the kernels' tile indexing, not the tensor cores' rounding.
 #pragma once
-#include <barrier>
 #include <cmath>
 #include <cstdint>
 #include <cstring>

@@ -1,8 +1,19 @@
 // The host side of cuda_emu.h, and C entry points that launch each op's kernel the way eval_gpu does
 // (the same *_launch functions choose kernel and grid), for ctypes.
+//
+// A block's CUDA threads are fibers (ucontext) on the calling thread: each runs until it waits at a barrier
+// (__syncthreads, or a warp's exchange for shuffles, __syncwarp and mma), then the next one runs. Host threads
+// per CUDA thread, as before, spent most of the emulation's time in the kernel waking them at every barrier.
+// The order alternates between sweeps, so a read that lacks its barrier sees a stale value either way round,
+// and a barrier that some threads never reach is reported (error 4) instead of hanging.
+#include <sys/mman.h>
+#include <ucontext.h>
+#include <unistd.h>
+
 #include <cstring>
+#include <functional>
 #include <memory>
-#include <thread>
+#include <new>
 #include <vector>
 
 #include "kernels/cuda/kernels.h"
@@ -14,14 +25,108 @@ dim3 gridDim;
 
 namespace {
 
+struct PendingCopy {
+  void* dst;
+  const void* src;
+  int bytes;
+};
+
+struct Barrier {
+  unsigned expected = 0, arrived = 0;
+  uint64_t generation = 0;
+};
+
+struct Fiber {
+  ucontext_t context;
+  uint3 thread;
+  const Barrier* waiting_on = nullptr;  // resumable once that barrier's generation moves past waiting_generation
+  uint64_t waiting_generation = 0;
+  bool finished = false;
+  std::vector<PendingCopy> open_group;              // cp.async copies issued, not yet committed
+  std::vector<std::vector<PendingCopy>> committed;  // oldest first
+};
+
+// A fiber's stack, with an inaccessible page below it so that an overflow faults instead of corrupting memory.
+class Stack {
+ public:
+  static constexpr size_t kBytes = 256 << 10;
+  Stack() {
+    page_ = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    base_ = mmap(nullptr, kBytes + page_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (base_ == MAP_FAILED) throw std::bad_alloc();
+    mprotect(base_, page_, PROT_NONE);
+  }
+  Stack(const Stack&) = delete;
+  ~Stack() { munmap(base_, kBytes + page_); }
+  void* top() const { return static_cast<char*>(base_) + page_; }
+
+ private:
+  void* base_;
+  size_t page_;
+};
+
 std::vector<unsigned char> dynamic_shared;
-std::unique_ptr<std::barrier<>> block_barrier;
+std::vector<std::unique_ptr<Stack>> stacks;
+std::vector<Fiber> fibers;
+Fiber* current = nullptr;
+ucontext_t scheduler;
+std::function<void()> kernel_call;
+
+Barrier block_barrier;
 struct Warp {
-  std::unique_ptr<std::barrier<>> barrier;
+  Barrier barrier;
   float lanes[32];
   uint32_t a[32][4], b[32][2];  // mma fragments
 };
 std::vector<Warp> warps;
+
+void fiber_main() {
+  kernel_call();
+  current->finished = true;  // returning resumes the scheduler (uc_link)
+}
+
+void arrive_and_wait(Barrier& b) {
+  const uint64_t generation = b.generation;
+  if (++b.arrived == b.expected) {  // the last to arrive releases the others and goes on
+    b.arrived = 0;
+    ++b.generation;
+    return;
+  }
+  current->waiting_on = &b;
+  current->waiting_generation = generation;
+  swapcontext(&current->context, &scheduler);
+}
+
+// Runs one block's threads to completion; false when every unfinished thread waits at a barrier that cannot open.
+bool run_block(unsigned threads) {
+  while (stacks.size() < threads) stacks.push_back(std::make_unique<Stack>());
+  fibers = std::vector<Fiber>(threads);
+  for (unsigned t = 0; t < threads; ++t) {
+    Fiber& f = fibers[t];
+    f.thread = uint3{t % blockDim.x, t / blockDim.x % blockDim.y, t / (blockDim.x * blockDim.y)};
+    getcontext(&f.context);
+    f.context.uc_stack.ss_sp = stacks[t]->top();
+    f.context.uc_stack.ss_size = Stack::kBytes;
+    f.context.uc_link = &scheduler;
+    makecontext(&f.context, fiber_main, 0);
+  }
+  unsigned running = threads;
+  for (unsigned sweep = 0; running > 0; ++sweep) {
+    bool progressed = false;
+    for (unsigned i = 0; i < threads; ++i) {
+      Fiber& f = fibers[sweep % 2 ? threads - 1 - i : i];
+      if (f.finished || (f.waiting_on && f.waiting_on->generation == f.waiting_generation)) continue;
+      f.waiting_on = nullptr;
+      current = &f;
+      threadIdx = f.thread;
+      swapcontext(&scheduler, &f.context);
+      progressed = true;
+      if (f.finished) --running;
+    }
+    if (!progressed) return false;
+  }
+  return true;
+}
 
 // The dynamic shared memory a block may have (cudaDevAttrMaxSharedMemoryPerBlockOptin): a launch asking for more
 // fails, as on a GPU.
@@ -36,48 +141,37 @@ int run(const ggml_ext::cuda::KernelLaunch& launch, Args args) {
   gridDim = launch.grid;
   const unsigned threads = blockDim.x * blockDim.y * blockDim.z;
   if (threads % 32 != 0) return 2;
+  kernel_call = [=] { kernel(args); };
   for (unsigned bz = 0; bz < gridDim.z; ++bz)
     for (unsigned by = 0; by < gridDim.y; ++by)
       for (unsigned bx = 0; bx < gridDim.x; ++bx) {
         dynamic_shared.assign(launch.shared_bytes + 16, 0xA5);  // garbage, as on a GPU
-        block_barrier = std::make_unique<std::barrier<>>(threads);
+        block_barrier = Barrier{threads};
         warps = std::vector<Warp>(threads / 32);
-        for (auto& w : warps) w.barrier = std::make_unique<std::barrier<>>(32);
-        std::vector<std::thread> pool;
-        for (unsigned t = 0; t < threads; ++t) {
-          pool.emplace_back([=] {
-            threadIdx = uint3{t % blockDim.x, t / blockDim.x % blockDim.y, t / (blockDim.x * blockDim.y)};
-            blockIdx = uint3{bx, by, bz};
-            kernel(args);
-          });
-        }
-        for (auto& th : pool) th.join();
+        for (auto& w : warps) w.barrier = Barrier{32};
+        blockIdx = uint3{bx, by, bz};
+        if (!run_block(threads)) return 4;
       }
   return 0;
 }
+
+unsigned linear_thread() { return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z); }
 
 }  // namespace
 
 unsigned char* ggml_ext_emulated_dynamic_shared() { return dynamic_shared.data(); }
 
-void __syncthreads() { block_barrier->arrive_and_wait(); }
+void __syncthreads() { arrive_and_wait(block_barrier); }
 
-namespace {
-struct PendingCopy {
-  void* dst;
-  const void* src;
-  int bytes;
-};
-thread_local std::vector<PendingCopy> open_group;                // issued, not yet committed
-thread_local std::vector<std::vector<PendingCopy>> committed;    // oldest first
-}  // namespace
-
-void ggml_ext_emulated_copy_async(void* dst, const void* src, int bytes) { open_group.push_back({dst, src, bytes}); }
+void ggml_ext_emulated_copy_async(void* dst, const void* src, int bytes) {
+  current->open_group.push_back({dst, src, bytes});
+}
 void ggml_ext_emulated_copy_async_commit() {
-  committed.push_back(std::move(open_group));
-  open_group.clear();
+  current->committed.push_back(std::move(current->open_group));
+  current->open_group.clear();
 }
 void ggml_ext_emulated_copy_async_wait(int newer_groups_left) {
+  auto& committed = current->committed;
   while (static_cast<int>(committed.size()) > newer_groups_left) {
     for (const PendingCopy& c : committed.front()) std::memcpy(c.dst, c.src, c.bytes);
     committed.erase(committed.begin());
@@ -85,24 +179,24 @@ void ggml_ext_emulated_copy_async_wait(int newer_groups_left) {
 }
 
 float ggml_ext_emulated_shuffle_xor(float v, int lane_mask) {
-  const unsigned t = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+  const unsigned t = linear_thread();
   Warp& w = warps[t / 32];
   w.lanes[t % 32] = v;
-  w.barrier->arrive_and_wait();
+  arrive_and_wait(w.barrier);
   const float other = w.lanes[(t % 32) ^ lane_mask];
-  w.barrier->arrive_and_wait();
+  arrive_and_wait(w.barrier);
   return other;
 }
 
 // PTX's fragment layout of m16n8k32 (g = lane / 4, t = lane % 4): A[r][k] is byte k % 4 of a[r / 8 + 2 (k / 16)]
 // of lane (r % 8, k % 16 / 4); B[k][c] byte k % 4 of b[k / 16] of lane (c, k % 16 / 4); d as in the kernel.
 void ggml_ext_emulated_mma_s8_16x8x32(int (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-  const unsigned th = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+  const unsigned th = linear_thread();
   Warp& w = warps[th / 32];
   const int lane = static_cast<int>(th % 32), g = lane / 4, t = lane % 4;
   std::memcpy(w.a[lane], a, sizeof a);
   std::memcpy(w.b[lane], b, sizeof b);
-  w.barrier->arrive_and_wait();
+  arrive_and_wait(w.barrier);
   auto byte = [](uint32_t word, int k) { return static_cast<int>(static_cast<int8_t>(word >> (8 * (k % 4)))); };
   auto A = [&](int r, int k) { return byte(w.a[4 * (r % 8) + k % 16 / 4][r / 8 + 2 * (k / 16)], k); };
   auto B = [&](int k, int c) { return byte(w.b[4 * c + k % 16 / 4][k / 16], k); };
@@ -112,7 +206,7 @@ void ggml_ext_emulated_mma_s8_16x8x32(int (&d)[4], const uint32_t (&a)[4], const
     for (int k = 0; k < 32; ++k) sum += A(r, k) * B(k, c);
     d[i] = sum;
   }
-  w.barrier->arrive_and_wait();
+  arrive_and_wait(w.barrier);
 }
 
 namespace kc = ggml_ext::cuda;
@@ -162,4 +256,36 @@ extern "C" cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, i
     default: *value = 0;
   }
   return cudaSuccess;
+}
+
+// The emulator's own checks (test_cuda_emulation.py::test_emulator_*): a block of 64 threads reversing x through
+// shared memory, with or without the barrier between its store and its load; and a barrier that only the first
+// warp reaches.
+namespace {
+struct SelftestArgs {
+  const float* x;
+  float* y;
+  int variant;  // 0: reverse without the barrier, 1: with it, 2: a barrier in divergent code
+};
+
+__global__ void selftest_kernel(SelftestArgs args) {
+  __shared__ float stage[64];
+  const unsigned t = threadIdx.x;
+  if (args.variant == 2) {
+    if (t < 32) __syncthreads();
+    args.y[t] = args.x[t];
+    return;
+  }
+  stage[t] = args.x[t];
+  if (args.variant == 1) __syncthreads();
+  args.y[t] = stage[63 - t];
+}
+}  // namespace
+
+extern "C" int emulated_selftest(const float* x, float* y, int variant) {
+  ggml_ext::cuda::KernelLaunch launch;
+  launch.kernel = reinterpret_cast<const void*>(&selftest_kernel);
+  launch.grid = dim3(1);
+  launch.block = dim3(64);
+  return run(launch, SelftestArgs{x, y, variant});
 }
