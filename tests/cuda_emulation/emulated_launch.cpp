@@ -1,11 +1,11 @@
 // The host side of cuda_emu.h, and C entry points that launch each op's kernel the way eval_gpu does
 // (the same *_launch functions choose kernel and grid), for ctypes.
 //
-// A block's CUDA threads are fibers (ucontext) on the calling thread: each runs until it waits at a barrier
-// (__syncthreads, or a warp's exchange for shuffles, __syncwarp and mma), then the next one runs. Host threads
-// per CUDA thread, as before, spent most of the emulation's time in the kernel waking them at every barrier.
-// The order alternates between sweeps, so a read that lacks its barrier sees a stale value either way round,
-// and a barrier that some threads never reach is reported (error 4) instead of hanging.
+// A block's CUDA threads are fibers on the calling thread: each runs until it waits at a barrier (__syncthreads,
+// or a warp's exchange for shuffles, __syncwarp and mma), then the next one runs. Host threads per CUDA thread, as
+// before, spent most of the emulation's time in the kernel waking them at every barrier. The order alternates
+// between sweeps, so a read that lacks its barrier sees a stale value either way round, and a barrier that some
+// threads never reach is reported (error 4) instead of hanging.
 #include <sys/mman.h>
 #include <ucontext.h>
 #include <unistd.h>
@@ -36,16 +36,6 @@ struct Barrier {
   uint64_t generation = 0;
 };
 
-struct Fiber {
-  ucontext_t context;
-  uint3 thread;
-  const Barrier* waiting_on = nullptr;  // resumable once that barrier's generation moves past waiting_generation
-  uint64_t waiting_generation = 0;
-  bool finished = false;
-  std::vector<PendingCopy> open_group;              // cp.async copies issued, not yet committed
-  std::vector<std::vector<PendingCopy>> committed;  // oldest first
-};
-
 // A fiber's stack, with an inaccessible page below it so that an overflow faults instead of corrupting memory.
 class Stack {
  public:
@@ -58,18 +48,84 @@ class Stack {
   }
   Stack(const Stack&) = delete;
   ~Stack() { munmap(base_, kBytes + page_); }
-  void* top() const { return static_cast<char*>(base_) + page_; }
+  char* lowest() const { return static_cast<char*>(base_) + page_; }  // the stack grows down to here
 
  private:
   void* base_;
   size_t page_;
 };
 
+#if defined(__x86_64__) && defined(__linux__)
+// x86-64: a switch that saves the System V callee-saved registers on the old stack and swaps stack pointers.
+// ucontext's swapcontext also saves the signal mask, a system call per switch (a third of the module's time).
+extern "C" void ggml_ext_fiber_switch(void** save_sp, void* next_sp);
+asm(R"(
+  .text
+  .p2align 4
+  .globl ggml_ext_fiber_switch
+  .hidden ggml_ext_fiber_switch
+  .type ggml_ext_fiber_switch, @function
+ggml_ext_fiber_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size ggml_ext_fiber_switch, .-ggml_ext_fiber_switch
+)");
+
+struct Context {
+  void* sp = nullptr;
+};
+inline void switch_context(Context& from, Context& to) { ggml_ext_fiber_switch(&from.sp, to.sp); }
+// A context that enters entry() (which must never return) on `stack`: six zero registers for the switch to pop,
+// then entry's address for its ret, which leaves the stack pointer 8 past a 16-byte boundary as after a call.
+inline void start_context(Context& c, const Stack& stack, void (*entry)()) {
+  auto* top = reinterpret_cast<uintptr_t*>(stack.lowest() + Stack::kBytes);  // 16-byte aligned
+  top[-1] = 0;
+  top[-2] = reinterpret_cast<uintptr_t>(entry);
+  for (int i = 3; i <= 8; ++i) top[-i] = 0;
+  c.sp = top - 8;
+}
+#else
+struct Context {
+  ucontext_t uc;
+};
+inline void switch_context(Context& from, Context& to) { swapcontext(&from.uc, &to.uc); }
+inline void start_context(Context& c, const Stack& stack, void (*entry)()) {
+  getcontext(&c.uc);
+  c.uc.uc_stack.ss_sp = stack.lowest();
+  c.uc.uc_stack.ss_size = Stack::kBytes;
+  c.uc.uc_link = nullptr;
+  makecontext(&c.uc, entry, 0);
+}
+#endif
+
+struct Fiber {
+  Context context;
+  uint3 thread;
+  const Barrier* waiting_on = nullptr;  // resumable once that barrier's generation moves past waiting_generation
+  uint64_t waiting_generation = 0;
+  bool finished = false;
+  std::vector<PendingCopy> open_group;              // cp.async copies issued, not yet committed
+  std::vector<std::vector<PendingCopy>> committed;  // oldest first
+};
+
 std::vector<unsigned char> dynamic_shared;
 std::vector<std::unique_ptr<Stack>> stacks;
 std::vector<Fiber> fibers;
 Fiber* current = nullptr;
-ucontext_t scheduler;
+Context scheduler;
 std::function<void()> kernel_call;
 
 Barrier block_barrier;
@@ -80,9 +136,11 @@ struct Warp {
 };
 std::vector<Warp> warps;
 
-void fiber_main() {
+[[noreturn]] void fiber_main() {
   kernel_call();
-  current->finished = true;  // returning resumes the scheduler (uc_link)
+  current->finished = true;
+  switch_context(current->context, scheduler);  // never resumed
+  __builtin_unreachable();
 }
 
 void arrive_and_wait(Barrier& b) {
@@ -94,7 +152,7 @@ void arrive_and_wait(Barrier& b) {
   }
   current->waiting_on = &b;
   current->waiting_generation = generation;
-  swapcontext(&current->context, &scheduler);
+  switch_context(current->context, scheduler);
 }
 
 // Runs one block's threads to completion; false when every unfinished thread waits at a barrier that cannot open.
@@ -104,11 +162,7 @@ bool run_block(unsigned threads) {
   for (unsigned t = 0; t < threads; ++t) {
     Fiber& f = fibers[t];
     f.thread = uint3{t % blockDim.x, t / blockDim.x % blockDim.y, t / (blockDim.x * blockDim.y)};
-    getcontext(&f.context);
-    f.context.uc_stack.ss_sp = stacks[t]->top();
-    f.context.uc_stack.ss_size = Stack::kBytes;
-    f.context.uc_link = &scheduler;
-    makecontext(&f.context, fiber_main, 0);
+    start_context(f.context, *stacks[t], fiber_main);
   }
   unsigned running = threads;
   for (unsigned sweep = 0; running > 0; ++sweep) {
@@ -119,7 +173,7 @@ bool run_block(unsigned threads) {
       f.waiting_on = nullptr;
       current = &f;
       threadIdx = f.thread;
-      swapcontext(&scheduler, &f.context);
+      switch_context(scheduler, f.context);
       progressed = true;
       if (f.finished) --running;
     }
