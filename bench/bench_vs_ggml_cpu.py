@@ -59,7 +59,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ggml-bin", required=True, help="path of ggml's test-backend-ops")
     p.add_argument("--types", default="Q4_0,Q8_0,Q4_K,Q6_K")
-    p.add_argument("--n", default="1,8", help="rows of x")
+    p.add_argument("--n", default="1,8", help="rows of x (the first is the reference of *_n_over_n1)")
     p.add_argument("--rounds", type=int, default=3, help="alternations of ggml's run and ours")
     p.add_argument("--runs", type=int, default=10, help="products per timed batch of ours")
     p.add_argument("--ggml-label", default="", help="what ggml was built from (commit, flags), recorded as given")

@@ -95,7 +95,9 @@ def kernels(tmp_path_factory):
         objects = list(pool.map(compile_unit, sources))
     lib = out / "kernels.so"
     subprocess.run([CXX, "-shared", *objects, "-o", str(lib)], check=True)
-    return ctypes.CDLL(str(lib))
+    kernels = ctypes.CDLL(str(lib))
+    kernels.emulated_selftest.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]  # pointers as addresses
+    return kernels
 
 
 def ptr(a: np.ndarray) -> int:
@@ -129,7 +131,6 @@ def test_emulator_exposes_a_missing_barrier(kernels):
     """A block's threads run as fibers in turn: a load from shared memory without the barrier after the other
     threads' stores reads a stale value, as it may on a GPU; with the barrier, the reversed input."""
     x = np.arange(64, dtype=np.float32)
-    kernels.emulated_selftest.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
     for variant, shift in [(1, 0.0), (0, 100.0)]:
         shifted, y = x + shift, np.zeros(64, np.float32)
         assert kernels.emulated_selftest(ptr(shifted), ptr(y), variant) == 0
@@ -139,7 +140,6 @@ def test_emulator_exposes_a_missing_barrier(kernels):
 def test_emulator_reports_a_barrier_not_every_thread_reaches(kernels):
     """__syncthreads in code that only the first warp runs: an error (4), not a hang."""
     x = np.arange(64, dtype=np.float32)
-    kernels.emulated_selftest.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
     y = np.zeros(64, np.float32)
     assert kernels.emulated_selftest(ptr(x), ptr(y), 2) == 4
 
