@@ -389,7 +389,10 @@ struct Q2KScales : ChunkScales<GGML_EXT_BLOCK_FORMAT(q2_k, 256)> {
 // Q3_K: 16 six-bit scales (minus 32): low nibbles from bytes 0..7, two high bits from bytes 8..11. The 16 scales
 // as stored (plus 32).
 inline __attribute__((always_inline)) vu8x16 q3k_scale_bytes(const block_q3_k* b) {
-  const vu8x16 v = load16(b->scales);  // 12 bytes of scales, then the block's d and the next block
+  // The 12 scale bytes only: a 16-byte load would also take d and 2 bytes past the block, which for a
+  // tensor's last block at the end of a mapped file is an unmapped page. Bytes 12-15 are never selected.
+  vu8x16 v{};
+  std::memcpy(&v, b->scales, sizeof(b->scales));
   const vu8x16 low_idx = {0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7};
   const vu8x16 first_half = {15, 15, 15, 15, 15, 15, 15, 15, 0, 0, 0, 0, 0, 0, 0, 0};
   const vu8x16 high_idx = {8, 9, 10, 11, 8, 9, 10, 11, 8, 9, 10, 11, 8, 9, 10, 11};
