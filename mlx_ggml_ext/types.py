@@ -1,7 +1,8 @@
 """ggml tensor types and a tensor of raw ggml blocks.
 
-Block sizes and byte counts follow ggml (../shared/SPEC.md); the C++ side defines the
-same layouts once in kernels/common/."""
+Block sizes and byte counts follow ggml (docs/formats.md); the C++ side defines the
+same layouts once in kernels/common/. This module imports only the compiled extension,
+never ops.py (ops imports this one)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import math
 from typing import Sequence
 
 import mlx.core as mx
+
+from . import _ext
 
 
 class GGMLType(enum.IntEnum):
@@ -114,9 +117,12 @@ class GGMLTensor:
         return self.data.size
 
     def dequantize(self, dtype: mx.Dtype = mx.float32, *, stream=None) -> mx.array:
-        """The tensor as floats of the logical shape."""
-        from . import ops
-        return ops.dequantize(self.data, self.ggml_type, self.shape, dtype, stream=stream)
+        """The tensor as floats of the logical shape (``ops.dequantize`` on this tensor's blocks)."""
+        if not isinstance(dtype, mx.Dtype):
+            raise TypeError(f"dtype must be an mlx.core.Dtype, got {type(dtype).__name__}")
+        # The primitive directly, not ops.dequantize: ops imports this module, and the data, type and
+        # shape were already checked by the constructor.
+        return _ext.dequantize(self.data, int(self.ggml_type), list(self.shape), dtype, stream=stream)
 
     def __repr__(self) -> str:
         return f"GGMLTensor({self.ggml_type.name}, shape={self.shape}, {self.nbytes} bytes)"
