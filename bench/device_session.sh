@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One GPU-machine session for the CUDA build (see ../shared/device/README.md): after `bash ../shared/device/prepare.sh`
-# and the "stash" call, carry [".gpu/b", ".gpu/on-device.sh", ".gpu/wheels"] and run
+# One GPU-machine session for the CUDA build. Needs, next to the working tree, the files of the GPU machine's own
+# tooling (not part of this repository): .gpu/b, .gpu/on-device.sh and .gpu/wheels. On that machine run
 #   STEPS="info tests memcheck bench" bash bench/device_session.sh
 # It sets MLX up when the machine is fresh, installs test dependencies from .gpu/wheels when the machine
 # lacks them (fill it first: pip download --no-deps --only-binary=:all: --python-version 3.12

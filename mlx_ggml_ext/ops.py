@@ -118,8 +118,8 @@ def quantize(w: mx.array, ggml_type, *, stream: Stream = None) -> mx.array:
 
     F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and MXFP4 are byte-identical to ``gguf.quants.quantize``
     for finite input (two documented exceptions for blocks whose largest magnitude is below 2**-125, where
-    gguf's result is platform-dependent: see the README). Q4_K, Q5_K and Q6_K use a least-squares scale
-    search (reconstruction error below ggml's reference quantizer's; README). Other types raise
+    gguf's result is platform-dependent: see docs/formats.md). Q4_K, Q5_K and Q6_K use a least-squares scale
+    search (reconstruction error below ggml's reference quantizer's; docs/formats.md). Other types raise
     NotImplementedError. A block containing NaN or +-inf decodes to NaN in every element (MXFP4: +inf).
     """
     _require_array("w", w)

@@ -1,4 +1,4 @@
-"""float64 numpy references written from ../shared/SPEC.md, used by the tests and by
+"""float64 numpy references written from docs/formats.md and docs/semantics.md, used by the tests and by
 `python -m mlx_ggml_ext` to check the ops. Plain math, no MLX."""
 
 from __future__ import annotations

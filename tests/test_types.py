@@ -3,7 +3,7 @@ import pytest
 
 from mlx_ggml_ext import GGMLTensor, GGMLType
 
-# Block layouts from ../shared/SPEC.md, written out independently of the package's table.
+# Block layouts from docs/formats.md, written out independently of the package's table.
 SPEC_LAYOUTS = {
     "Q4_0": (2, 32, 18), "Q4_1": (3, 32, 20), "Q5_0": (6, 32, 22), "Q5_1": (7, 32, 24),
     "Q8_0": (8, 32, 34), "Q2_K": (10, 256, 84), "Q3_K": (11, 256, 110), "Q4_K": (12, 256, 144),
