@@ -16,12 +16,12 @@ from harness import to_numpy
 
 # ----------------------------------------------------------------------------- K = 0, empty batches
 
-@pytest.mark.parametrize("t", [GGMLType.F32, GGMLType.Q4_0, GGMLType.Q4_K])
+@pytest.mark.parametrize("t", [GGMLType.F32, GGMLType.Q4_0, GGMLType.Q4_K], ids=lambda t: t.name)
 def test_an_empty_contraction_is_zeros(t):
     # x (2, 0) against a (3, 0) weight: every output is an empty sum (numpy: zeros((2, 3))).
     w = mx.zeros((3, 0)) if t == GGMLType.F32 else mx.zeros((3, 0), dtype=mx.uint8)
     out = ops.quantized_matmul(mx.zeros((2, 0)), w, None if t == GGMLType.F32 else t)
-    assert out.shape == (2, 3) and np.array_equal(to_numpy(out), np.zeros((2, 3)) @ np.zeros((3, 0)).T)
+    assert out.shape == (2, 3) and np.array_equal(to_numpy(out), np.zeros((2, 0)) @ np.zeros((3, 0)).T)
     grad = mx.grad(lambda x: ops.quantized_matmul(x, w, None if t == GGMLType.F32 else t).sum())(mx.zeros((2, 0)))
     assert grad.shape == (2, 0)
 
@@ -54,7 +54,8 @@ def test_shapeless_compile_rechecks_k_of_quantized_matmul():
     f = mx.compile(lambda x, blocks: ops.quantized_matmul(x, blocks, t), shapeless=True)
     x = mx.array(rng.standard_normal((2, 32)).astype(np.float32))
     dense = to_numpy(ops.dequantize(w, t, (3, 32)))
-    assert np.abs(to_numpy(f(x, w)) - to_numpy(x) @ dense.T).max() < 0.05
+    expected = to_numpy(x).astype(np.float64) @ dense.T
+    assert np.abs(to_numpy(f(x, w)) - expected).max() <= 0.02 * np.abs(expected).max()
     with pytest.raises(ValueError, match="has 64 elements per row but the Q8_0 weight"):
         f(mx.zeros((2, 64)), w)  # the weight holds rows of 32: the kernel would read 2 blocks per row
 
