@@ -34,10 +34,16 @@ if(GGML_EXT_X86_VARIANTS)
   target_compile_definitions(ggml_ext_cpu_kernels PUBLIC GGML_EXT_X86_VARIANTS=1)
 endif()
 
+# A sanitized build (MLX_GGML_EXT_SANITIZE) checks memory, not speed: -O1 compiles in a fraction of the time.
+set(_kernel_opt -O3)
+if(MLX_GGML_EXT_SANITIZE)
+  set(_kernel_opt -O1)
+endif()
+
 foreach(_v IN LISTS _variant_names)
   add_library(ggml_ext_cpu_${_v} OBJECT ${CPU_KERNEL_SOURCES})
   target_include_directories(ggml_ext_cpu_${_v} PRIVATE ${PROJECT_SOURCE_DIR})
-  target_compile_options(ggml_ext_cpu_${_v} PRIVATE ${_variant_flags_${_v}} -O3 -fno-math-errno
+  target_compile_options(ggml_ext_cpu_${_v} PRIVATE ${_variant_flags_${_v}} ${_kernel_opt} -fno-math-errno
                                                     -ffp-contract=fast)
   target_compile_definitions(ggml_ext_cpu_${_v} PRIVATE GGML_EXT_ISA=isa_${_v})
   if(GGML_EXT_X86_VARIANTS)

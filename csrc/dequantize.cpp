@@ -62,8 +62,17 @@ bool Dequantize::is_equivalent(const mx::Primitive& other) const {
   return type_ == o.type_ && dtype_ == o.dtype_;
 }
 
+// mx.compile(shapeless=True) calls this with each new call's shapes, past dequantize()'s checks: rows that are
+// not whole blocks must fail here, not be read past.
 std::vector<mx::Shape> Dequantize::output_shapes(const std::vector<mx::array>& inputs) {
-  return {elements_shape(inputs[0].shape(), type_)};
+  const auto info = ggml_type_info(type_, kOp);
+  const auto& blocks = inputs[0];
+  if (blocks.ndim() == 0 || blocks.shape(-1) % info.type_size != 0) {
+    throw std::invalid_argument(cat("[", kOp, "] ", info.name, " data of shape ", shape_str(blocks.shape()),
+                                    " is not rows of whole ", info.type_size, "-byte blocks (a function compiled "
+                                    "with shapeless=True called with another byte count?)."));
+  }
+  return {elements_shape(blocks.shape(), type_)};
 }
 
 std::vector<mx::array> Dequantize::vjp(const std::vector<mx::array>&, const std::vector<mx::array>&,

@@ -124,6 +124,10 @@ int64_t checked_row_bytes(int type, int64_t K, const char* op) {
   return ggml_row_bytes(info, K, op);
 }
 
+// ggml's broadcasting of a's batch axis over b's (b's a multiple of a's); an empty axis of a only pairs with an
+// empty one of b (no division by 0).
+bool batch_broadcasts(int64_t a_axis, int64_t b_axis) { return a_axis == 0 ? b_axis == 0 : b_axis % a_axis == 0; }
+
 mx::Shape padded_to_4d(const mx::Shape& shape) {
   mx::Shape out(4 - shape.size(), 1);
   out.insert(out.end(), shape.begin(), shape.end());
@@ -164,7 +168,7 @@ mx::array mul_mat(const mx::array& a, int ggml_type, const mx::Shape& a_shape, c
     throw std::invalid_argument(cat("[", kMulMat, "] a ", shape_str(logical), " and b ", shape_str(b.shape()),
                                     " must agree on K (the last axis, ggml's ne0): ", K, " != ", b4[3], "."));
   }
-  if (b4[1] % a4[1] != 0 || b4[0] % a4[0] != 0) {
+  if (!batch_broadcasts(a4[1], b4[1]) || !batch_broadcasts(a4[0], b4[0])) {
     throw std::invalid_argument(cat("[", kMulMat, "] b's batch axes ", shape_str(b.shape()),
                                     " must be multiples of a's ", shape_str(logical),
                                     " (ggml broadcasts a over b: B2 % A2 == 0 and B3 % A3 == 0)."));
@@ -188,9 +192,29 @@ bool QuantizedMatmul::is_equivalent(const mx::Primitive& other) const {
   return type_ == o.type_ && transpose_ == o.transpose_ && out_dtype_ == o.out_dtype_;
 }
 
+// mx.compile(shapeless=True) calls this with the shapes of each new call, bypassing the op's checks: the same
+// rules are checked again here, so another K (or weight) fails clearly instead of reading out of bounds.
 std::vector<mx::Shape> QuantizedMatmul::output_shapes(const std::vector<mx::array>& inputs) {
   const auto& x = inputs[0];
   const auto& w = inputs[1];
+  const auto info = ggml_type_info(type_, kOp);
+  const char* hint = " (a function compiled with shapeless=True called with other shapes?)";
+  if (x.ndim() == 0 || w.ndim() != 4 || w.shape(3) % info.type_size != 0) {
+    throw std::invalid_argument(cat("[", kOp, "] x ", shape_str(x.shape()), " and ", info.name, " blocks ",
+                                    shape_str(w.shape()), " do not make a product: the blocks need (..., N, "
+                                    "bytes per row) with whole ", info.type_size, "-byte blocks", hint, "."));
+  }
+  const int64_t K = transpose_ ? w.shape(2) : row_elements(type_, w.shape(3));
+  if (x.shape(-1) != K) {
+    throw std::invalid_argument(cat("[", kOp, "] x ", shape_str(x.shape()), " has ", x.shape(-1),
+                                    " elements per row but the ", info.name, " weight ", shape_str(w.shape()),
+                                    " takes ", K, hint, "."));
+  }
+  if (w.shape(0) * w.shape(1) != 1 &&
+      (x.ndim() != 4 || !batch_broadcasts(w.shape(0), x.shape(0)) || !batch_broadcasts(w.shape(1), x.shape(1)))) {
+    throw std::invalid_argument(cat("[", kOp, "] x ", shape_str(x.shape()), " does not broadcast with the weight "
+                                    "batches ", shape_str(w.shape()), " (B2 % A2 == 0 and B3 % A3 == 0)", hint, "."));
+  }
   mx::Shape shape = x.shape();
   shape.back() = transpose_ ? static_cast<int>(row_elements(type_, w.shape(3))) : w.shape(2);
   return {shape};

@@ -245,7 +245,10 @@ mx::array rope(const mx::array& x, int offset, const RopeParams& params,
   if (static_cast<int64_t>(offset) + tokens - 1 > std::numeric_limits<int32_t>::max()) {
     throw std::invalid_argument(cat("[", kOp, "] offset ", offset, " + T (", tokens, ") overflows int32 positions."));
   }
-  return rope(x, mx::arange(offset, offset + tokens, s), params, freq_factors, s);
+  // offset + arange(T), added in int32: arange(offset, offset + T) would compute offset + T, which overflows int
+  // when the last position is 2^31 - 1.
+  const auto positions = mx::add(mx::arange(tokens, s), mx::array(offset, mx::int32), s);
+  return rope(x, positions, params, freq_factors, s);
 }
 
 std::vector<mx::Shape> RoPE::output_shapes(const std::vector<mx::array>& inputs) {

@@ -27,6 +27,9 @@ from gguf import quants  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CXX = shutil.which("g++")
+# Extra compile and link flags, e.g. tests/run_sanitized.sh's -fsanitize=address,undefined: an emulated kernel's
+# read past a buffer (numpy's, sized exactly) is then reported on the host.
+EMU_FLAGS = os.environ.get("MLX_GGML_EXT_EMU_CXXFLAGS", "").split()
 
 
 def cuda_include_dir():
@@ -86,7 +89,7 @@ def kernels(tmp_path_factory):
 
     def compile_unit(source):
         obj = out / (source.name + ".o")
-        subprocess.run([CXX, "-std=c++20", "-O1", "-ffp-contract=off", "-fPIC", "-include",
+        subprocess.run([CXX, "-std=c++20", "-O1", "-ffp-contract=off", "-fPIC", *EMU_FLAGS, "-include",
                         str(ROOT / "tests/cuda_emulation/cuda_emu.h"), f"-I{ROOT}", f"-I{CUDA_INCLUDE}", "-x", "c++",
                         "-c", str(source), "-o", str(obj)], check=True)
         return str(obj)
@@ -94,7 +97,7 @@ def kernels(tmp_path_factory):
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:  # one g++ per file: the cores in parallel
         objects = list(pool.map(compile_unit, sources))
     lib = out / "kernels.so"
-    subprocess.run([CXX, "-shared", *objects, "-o", str(lib)], check=True)
+    subprocess.run([CXX, "-shared", *EMU_FLAGS, *objects, "-o", str(lib)], check=True)
     kernels = ctypes.CDLL(str(lib))
     kernels.emulated_selftest.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]  # pointers as addresses
     return kernels

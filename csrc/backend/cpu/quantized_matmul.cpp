@@ -1,4 +1,6 @@
 #include "csrc/quantized_matmul.h"
+
+#include <cstring>
 #include "kernels/cpu/matmul.h"
 #include "mlx/backend/cpu/encoder.h"
 
@@ -13,6 +15,10 @@ void QuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& 
   enc.set_input_array(x);
   enc.set_input_array(w);
   enc.set_output_array(out);
+  if (x.size() == 0) {  // K = 0 (x is (..., 0)): every output is an empty sum
+    enc.dispatch([p = out.data<uint8_t>(), n = out.nbytes()]() { std::memset(p, 0, n); });
+    return;
+  }
 
   // x: (B3, B2, M, Kx) against batched weights; against one matrix, any (..., Kx) whose leading axes are rows.
   const bool batched = x.ndim() == 4;
