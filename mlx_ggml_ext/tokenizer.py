@@ -187,10 +187,11 @@ def _read_vocab(meta: Mapping[str, Any]) -> "tuple[_Vocab, _PreTokenizer | None]
     n = len(tokens)
     # llama.cpp renames empty entries so that every id has a distinct text.
     tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
-    seen = {}
-    for i, t in enumerate(tokens):
-        if seen.setdefault(t, i) != i:
-            raise ValueError(f"duplicate token in tokenizer.ggml.tokens: {t!r} has ids {seen[t]} and {i}")
+    if len(set(tokens)) != n:
+        seen = {}
+        for i, t in enumerate(tokens):
+            if seen.setdefault(t, i) != i:
+                raise ValueError(f"duplicate token in tokenizer.ggml.tokens: {t!r} has ids {seen[t]} and {i}")
 
     scores = _array(meta, "tokenizer.ggml.scores", n, "scores")
     types = _array(meta, "tokenizer.ggml.token_type", n, "token types")
@@ -267,20 +268,15 @@ def _spm_merges(tokens: list, scores) -> list:
 def _bpe_merges(merges: Sequence[str], ids: Mapping[str, int]) -> list:
     """The file's "left right" merges; llama.cpp splits at the first space after the first char.
 
-    A merge whose result is not a vocabulary entry can never give a token; tokenizers' BPE refuses
-    such merges, so they are dropped.
+    A merge of or into a text that is not a vocabulary entry can never give a token (llama.cpp
+    would merge and then write the pieces as bytes); tokenizers' BPE cannot hold one (it panics),
+    so such merges are dropped.
     """
-    pairs = []
-    for i, m in enumerate(merges):
-        if not isinstance(m, str):
-            raise ValueError(f"tokenizer.ggml.merges[{i}] is not a string")
-        cut = m.find(" ", 1)
-        if cut < 0:
-            continue
-        left, right = m[:cut], m[cut + 1:]
-        if left in ids and right in ids and left + right in ids:
-            pairs.append((left, right))
-    return pairs
+    try:
+        split = [(m[0] + head, tail) for m in merges for head, sep, tail in (m[1:].partition(" "),) if sep]
+    except (TypeError, IndexError):
+        raise ValueError("tokenizer.ggml.merges must be an array of non-empty strings") from None
+    return [(a, b) for a, b in split if a in ids and b in ids and a + b in ids]
 
 
 def _added_tokens(vocab: _Vocab):

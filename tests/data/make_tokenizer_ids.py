@@ -157,9 +157,11 @@ def main():
             cases = [{"text": t, "ids": llama_tokenize(binary, path, t)} for t in texts]
             result["vocabularies"][name] = {"file": origin, "cases": cases}
             print(f"{name}: {len(cases)} texts", file=sys.stderr)
+    text = json.dumps(result, ensure_ascii=False, indent=1)
+    # one line per id list
+    text = re.sub(r"\[\n\s*([-\d,\s]+?)\n\s*\]", lambda m: "[" + " ".join(m.group(1).split()) + "]", text)
     with open(IDS_FILE, "w", encoding="utf-8") as f:
-        json.dump(result, f, ensure_ascii=False, indent=1)
-        f.write("\n")
+        f.write(text + "\n")
 
 
 if __name__ == "__main__":

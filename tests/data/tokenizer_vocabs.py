@@ -33,42 +33,50 @@ TINY_CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
-def write_vocab_gguf(path, *, model, tokens, types, scores=None, merges=None, pre=None, bos=None, eos=None,
-                     unk=None, pad=None, add_bos=None, add_eos=None, add_space_prefix=None, chat_template=None,
-                     name="vocab-only test file"):
+def vocab_metadata(*, model, tokens, types, scores=None, merges=None, pre=None, bos=None, eos=None, unk=None,
+                   pad=None, add_bos=None, add_eos=None, add_space_prefix=None, chat_template=None,
+                   name="vocab-only test file") -> dict:
+    """GGUF key -> value of a vocabulary-only file (keys as llama.cpp's converter writes them)."""
+    meta = {
+        "general.architecture": "llama",
+        "general.name": name,
+        # Hyperparameters llama.cpp's "llama" architecture reads before the vocabulary (values unused).
+        "llama.context_length": 256, "llama.embedding_length": 64, "llama.block_count": 1,
+        "llama.feed_forward_length": 128, "llama.attention.head_count": 1, "llama.attention.head_count_kv": 1,
+        "llama.rope.dimension_count": 64, "llama.attention.layer_norm_rms_epsilon": 1e-5,
+        "llama.vocab_size": len(tokens),
+        "tokenizer.ggml.model": model,
+        "tokenizer.ggml.pre": pre,
+        "tokenizer.ggml.tokens": list(tokens),
+        "tokenizer.ggml.token_type": [int(t) for t in types],
+        "tokenizer.ggml.scores": None if scores is None else [float(s) for s in scores],
+        "tokenizer.ggml.merges": None if merges is None else list(merges),
+        "tokenizer.ggml.bos_token_id": bos, "tokenizer.ggml.eos_token_id": eos,
+        "tokenizer.ggml.unknown_token_id": unk, "tokenizer.ggml.padding_token_id": pad,
+        "tokenizer.ggml.add_bos_token": add_bos, "tokenizer.ggml.add_eos_token": add_eos,
+        "tokenizer.ggml.add_space_prefix": add_space_prefix,
+        "tokenizer.chat_template": chat_template,
+    }
+    return {k: v for k, v in meta.items() if v is not None}
+
+
+def write_vocab_gguf(path, **fields):
+    """`vocab_metadata(**fields)` written as a GGUF with the `gguf` package (independent of mlx_ggml_ext)."""
     import gguf
 
-    w = gguf.GGUFWriter(os.fspath(path), "llama")
-    w.add_name(name)
-    # Hyperparameters llama.cpp's "llama" architecture reads before the vocabulary (values unused).
-    w.add_context_length(256)
-    w.add_embedding_length(64)
-    w.add_block_count(1)
-    w.add_feed_forward_length(128)
-    w.add_head_count(1)
-    w.add_head_count_kv(1)
-    w.add_rope_dimension_count(64)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_vocab_size(len(tokens))
-    w.add_tokenizer_model(model)
-    if pre is not None:
-        w.add_tokenizer_pre(pre)
-    w.add_token_list(tokens)
-    w.add_token_types([int(t) for t in types])
-    if scores is not None:
-        w.add_token_scores([float(s) for s in scores])
-    if merges is not None:
-        w.add_token_merges(merges)
-    for value, add in ((bos, w.add_bos_token_id), (eos, w.add_eos_token_id), (unk, w.add_unk_token_id),
-                       (pad, w.add_pad_token_id)):
-        if value is not None:
-            add(value)
-    for value, add in ((add_bos, w.add_add_bos_token), (add_eos, w.add_add_eos_token),
-                       (add_space_prefix, w.add_add_space_prefix)):
-        if value is not None:
-            add(value)
-    if chat_template is not None:
-        w.add_chat_template(chat_template)
+    meta = vocab_metadata(**fields)
+    w = gguf.GGUFWriter(os.fspath(path), meta.pop("general.architecture"))
+    for key, value in meta.items():
+        if isinstance(value, list):
+            w.add_array(key, value)  # element type from the first element: str, int -> INT32, float -> FLOAT32
+        elif isinstance(value, bool):
+            w.add_bool(key, value)
+        elif isinstance(value, int):
+            w.add_uint32(key, value)
+        elif isinstance(value, float):
+            w.add_float32(key, value)
+        else:
+            w.add_string(key, value)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -140,8 +148,9 @@ def train_tiny_spm(workdir, vocab_size=1000):
     return tokens, scores, types
 
 
-def hf_tokenizer_json_to_gguf(path, tokenizer_json, tokenizer_config, pre, add_bos=None):
-    """A byte-level BPE `tokenizer.json` (+ its tokenizer_config.json) -> a "gpt2" vocab-only GGUF."""
+def hf_tokenizer_json_fields(tokenizer_json, tokenizer_config, pre, add_bos=None) -> dict:
+    """A byte-level BPE `tokenizer.json` (+ its tokenizer_config.json) -> `vocab_metadata` fields of a
+    "gpt2" vocabulary: added tokens typed CONTROL if special else USER_DEFINED, holes as UNUSED."""
     with open(tokenizer_json, encoding="utf-8") as f:
         tj = json.load(f)
     with open(tokenizer_config, encoding="utf-8") as f:
@@ -165,6 +174,10 @@ def hf_tokenizer_json_to_gguf(path, tokenizer_json, tokenizer_config, pre, add_b
             value = value.get("content")
         return vocab.get(value) if value else None
 
-    write_vocab_gguf(path, model="gpt2", pre=pre, tokens=tokens, types=types, merges=merges,
-                     bos=token_id("bos_token"), eos=token_id("eos_token"), pad=token_id("pad_token"),
-                     add_bos=add_bos, chat_template=cfg.get("chat_template"), name=f"{pre} vocabulary")
+    return dict(model="gpt2", pre=pre, tokens=tokens, types=types, merges=merges, bos=token_id("bos_token"),
+                eos=token_id("eos_token"), pad=token_id("pad_token"), add_bos=add_bos,
+                chat_template=cfg.get("chat_template"), name=f"{pre} vocabulary")
+
+
+def hf_tokenizer_json_to_gguf(path, tokenizer_json, tokenizer_config, pre, add_bos=None):
+    write_vocab_gguf(path, **hf_tokenizer_json_fields(tokenizer_json, tokenizer_config, pre, add_bos))
