@@ -39,6 +39,7 @@ under their usual names, the way llama.cpp collects them.
 
 from __future__ import annotations
 
+import numbers
 import os
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
@@ -158,8 +159,9 @@ def _token_id(meta, key, n_tokens, default):
     value = meta.get(key)
     if value is None:
         return default if default is not None and default < n_tokens else None
-    if not isinstance(value, int) or isinstance(value, bool):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise ValueError(f"{key} must be an integer token id, got {type(value).__name__}")
+    value = int(value)
     if not 0 <= value < n_tokens:
         return default if default is not None and default < n_tokens else None
     return value

@@ -67,7 +67,7 @@ _LOADED = {}
 def _tokenizer(name):
     if name not in _LOADED:
         source = _source(name)
-        f = gguf.load(source) if isinstance(source, str) else source
+        f = gguf.load(source) if isinstance(source, (str, os.PathLike)) else source
         _LOADED[name] = (load_tokenizer(f), f.metadata)
     return _LOADED[name]
 

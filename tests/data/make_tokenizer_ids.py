@@ -1,10 +1,14 @@
 """Regenerate tests/data/tokenizer_ids.json: llama.cpp's token ids for the tokenizer tests' texts.
 
     python tests/data/make_tokenizer_ids.py --llama-bin /path/to/llama.cpp/build/bin [--retrain]
+    python tests/data/make_tokenizer_ids.py --helper ./llama_tokenize_ids --llama-version "..."
 
-For every vocabulary below it runs llama.cpp's own tokenizer,
-`llama-tokenize -m FILE --ids --log-disable --stdin` (add_special and parse_special on: the
-tool's defaults), on each text, and stores the ids with the llama.cpp version that produced them.
+For every vocabulary below it runs llama.cpp's own tokenizer on each text and stores the ids with
+the llama.cpp version that produced them: `llama-tokenize -m FILE --ids --log-disable --no-escape
+--stdin` (parse_special on, add_special = the vocabulary's add_bos: the tool's defaults), or the
+same call of the C API through llama_tokenize_ids.cpp next to this file (for a build with libllama
+but no llama-tokenize; compile it with
+`g++ -std=c++17 -I SRC/include -I SRC/ggml/include llama_tokenize_ids.cpp -L BIN -lllama`).
 Those ids are the independent reference `tests/test_tokenizer.py` checks mlx_ggml_ext's tokenizer
 against. Vocabularies:
 
@@ -118,17 +122,15 @@ def retrain():
                             name=f"tiny byte-level BPE ({pre})")
 
 
-def llama_tokenize(binary, gguf_path, text, add_bos=True):
-    cmd = [binary, "-m", gguf_path, "--ids", "--log-disable", "--stdin"]
-    if not add_bos:
-        cmd.append("--no-bos")
+def llama_tokenize(command, gguf_path, text):
+    cmd = command(gguf_path)
     res = subprocess.run(cmd, input=text.encode("utf-8"), capture_output=True, check=True)
     lines = [ln for ln in res.stdout.decode("utf-8").splitlines() if ln.startswith("[")]
     return json.loads(lines[-1])
 
 
-def llama_version(bin_dir):
-    res = subprocess.run([os.path.join(bin_dir, "llama-cli"), "--version"], capture_output=True, text=True)
+def llama_version(binary):
+    res = subprocess.run([binary, "--version"], capture_output=True, text=True)
     text = (res.stdout + res.stderr).strip()
     found = re.search(r"version: .*", text)
     return found.group(0) if found else text.splitlines()[-1]
@@ -136,17 +138,33 @@ def llama_version(bin_dir):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--llama-bin", required=True, help="llama.cpp's build/bin (with llama-tokenize)")
+    ap.add_argument("--llama-bin", help="llama.cpp's build/bin (with llama-tokenize)")
+    ap.add_argument("--helper", help="llama_tokenize_ids compiled against libllama (instead of llama-tokenize)")
+    ap.add_argument("--llama-version", help="the llama.cpp version to record (with --helper)")
     ap.add_argument("--retrain", action="store_true", help="retrain and rewrite the committed tiny vocabularies")
     args = ap.parse_args()
     if args.retrain:
         retrain()
-    binary = os.path.join(args.llama_bin, "llama-tokenize")
+    if args.helper:
+        def command(path):
+            return [args.helper, path]
+        version = args.llama_version or "unknown"
+        how = ("tests/data/llama_tokenize_ids.cpp FILE < text: llama_tokenize(vocab, text, add_special = "
+               "llama_vocab_get_add_bos(vocab), parse_special = true), as llama-tokenize does")
+    elif args.llama_bin:
+        binary = os.path.join(args.llama_bin, "llama-tokenize")
+
+        def command(path):
+            return [binary, "-m", path, "--ids", "--log-disable", "--no-escape", "--stdin"]
+        version = llama_version(binary)
+        how = ("llama-tokenize -m FILE --ids --log-disable --no-escape --stdin < text (parse_special on, "
+               "add_special = the vocabulary's add_bos: the tool's defaults)")
+    else:
+        ap.error("give --llama-bin or --helper")
     result = {
         "produced_by": {
-            "llama_cpp": llama_version(args.llama_bin),
-            "command": "llama-tokenize -m FILE --ids --log-disable --stdin  (text on stdin; add_special and "
-                       "parse_special on, the tool's defaults)",
+            "llama_cpp": version,
+            "command": how,
             "script": "tests/data/make_tokenizer_ids.py",
         },
         "vocabularies": {},
@@ -154,7 +172,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         for name, (path, kind, origin) in vocabularies(tmp).items():
             texts = COMMON_TEXTS + CHAT_TEXTS[kind]
-            cases = [{"text": t, "ids": llama_tokenize(binary, path, t)} for t in texts]
+            cases = [{"text": t, "ids": llama_tokenize(command, path, t)} for t in texts]
             result["vocabularies"][name] = {"file": origin, "cases": cases}
             print(f"{name}: {len(cases)} texts", file=sys.stderr)
     text = json.dumps(result, ensure_ascii=False, indent=1)
