@@ -103,7 +103,7 @@ def training_corpus(max_bytes=1_500_000) -> list:
     return lines
 
 
-def train_tiny_bpe(vocab_size=1200):
+def train_tiny_bpe(vocab_size=3000):
     """(tokens, types, merges) of a byte-level BPE trained on `training_corpus`."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
