@@ -158,6 +158,24 @@ def test_embedding_gathers_rows_and_ties_the_head(tiny):
         emb(mx.array([1.0]))
 
 
+def test_cli_generate_with_token_ids_and_inspect(tiny, capsys):
+    from mlx_lm.generate import generate_step
+
+    from mlx_ggml_ext.__main__ import main
+    path, _, _ = tiny("llama")
+    model, _ = models.load(path, tokenizer=False)
+    expected = [int(t) for t, _ in generate_step(mx.array([5, 6, 7]), model, max_tokens=4,
+                                                 sampler=lambda lp: mx.argmax(lp, -1))]
+    assert main(["generate", "--model", path, "--prompt-ids", "5,6,7", "--max-tokens", "4"]) == 0
+    out, err = capsys.readouterr()
+    assert [int(t) for t in out.split()] == expected
+    assert "prefill: 3 tokens" in err and "decode: 4 tokens" in err and "tokens/s" in err
+    assert main(["inspect", path]) == 0
+    out, _ = capsys.readouterr()
+    assert "architecture: llama (supported)" in out and "llama.block_count = 2" in out
+    assert "Q4_K" in out and "Q8_0" in out
+
+
 # ------------------------------------------------------------------------------------- the real Gemma 3 270M
 GEMMA_PROMPTS = ["The capital of France is", "Water boils at a temperature of", "Once upon a time there was"]
 
