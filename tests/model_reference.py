@@ -201,8 +201,8 @@ def gelu_tanh(x):
     return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
 
 
-def forward(W: dict, m: TinyModel, tokens, last_only: bool = False) -> np.ndarray:
-    """Logits (T, vocab) of `tokens` at positions 0..T-1 ((1, vocab): the last position's only)."""
+def forward(W: dict, m: TinyModel, tokens) -> np.ndarray:
+    """Logits (T, vocab) of `tokens` at positions 0..T-1."""
     tokens = np.asarray(tokens)
     T = len(tokens)
     pos = np.arange(T, dtype=np.float64)
@@ -245,7 +245,7 @@ def forward(W: dict, m: TinyModel, tokens, last_only: bool = False) -> np.ndarra
         else:
             gate, up = h @ b("ffn_gate.weight").T, h @ b("ffn_up.weight").T
         x = x + (silu(gate) * up) @ b("ffn_down.weight").T
-    x = rms_norm(x[-1:] if last_only else x, W["output_norm.weight"], m.eps)
+    x = rms_norm(x, W["output_norm.weight"], m.eps)
     return _times_transposed(x, W.get("output.weight", W["token_embd.weight"]))
 
 

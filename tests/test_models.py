@@ -177,7 +177,9 @@ def test_cli_generate_with_token_ids_and_inspect(tiny, capsys):
 
 
 # ------------------------------------------------------------------------------------- the real Gemma 3 270M
-GEMMA_PROMPTS = ["The capital of France is", "Water boils at a temperature of", "Once upon a time there was"]
+GEMMA_PROMPTS = ["The capital of France is Paris and the capital of Germany is",
+                 "Water boils at a temperature of one hundred degrees and it freezes at",
+                 "Once upon a time there was a little girl who lived in a small house near the"]
 
 
 def _gemma_path():
@@ -226,7 +228,7 @@ def test_gemma3_270m_against_float64_reference():
     prompt = _word_ids(vocab, GEMMA_PROMPTS[0])
     got = [int(t) for t, _ in generate_step(mx.array(prompt), model, max_tokens=32,
                                             sampler=lambda lp: mx.argmax(lp, -1))]
-    tokens = list(prompt)
-    for _ in range(32):
-        tokens.append(int(ref.forward(W, m, tokens, last_only=True)[-1].argmax()))
-    assert got == tokens[len(prompt):]
+    # The reference's greedy continuation equals ours iff, at every step, its top token after our prefix is
+    # our next token (by induction): one reference pass over the whole sequence checks all 32.
+    expected_next = ref.forward(W, m, prompt + got[:-1]).argmax(-1)[len(prompt) - 1:]
+    assert got == [int(t) for t in expected_next]

@@ -51,7 +51,7 @@ def _demo_model_path():
 def _progress(done: int, total: int) -> None:
     if sys.stderr.isatty() or done == total:
         end = "\n" if done == total else ""
-        print(f"\rloading model: {done}/{total} layers' tensors", end=end, file=sys.stderr, flush=True)
+        print(f"\rloading model: {done}/{total} modules", end=end, file=sys.stderr, flush=True)
 
 
 def _load_tokenizer(gguf_file):
