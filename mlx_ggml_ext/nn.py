@@ -12,6 +12,14 @@ from . import _ext
 from .types import GGMLTensor, GGMLType
 
 
+def _matrix_shape(weight: GGMLTensor, axes: str) -> tuple:
+    if not isinstance(weight, GGMLTensor):
+        raise TypeError(f"weight must be a GGMLTensor, got {type(weight).__name__}")
+    if len(weight.shape) != 2:
+        raise ValueError(f"weight must be 2-D {axes}, got shape {weight.shape}")
+    return weight.shape
+
+
 class GGMLLinear(nn.Module):
     """``y = x @ W^T + bias`` with W kept as ggml blocks (any :class:`GGMLType`).
 
@@ -22,11 +30,7 @@ class GGMLLinear(nn.Module):
 
     def __init__(self, weight: GGMLTensor, bias: Optional[mx.array] = None):
         super().__init__()
-        if not isinstance(weight, GGMLTensor):
-            raise TypeError(f"weight must be a GGMLTensor, got {type(weight).__name__}")
-        if len(weight.shape) != 2:
-            raise ValueError(f"weight must be 2-D (output_dims, input_dims), got shape {weight.shape}")
-        self.output_dims, self.input_dims = weight.shape
+        self.output_dims, self.input_dims = _matrix_shape(weight, "(output_dims, input_dims)")
         self.ggml_type = weight.ggml_type
         self.weight = weight.data
         if bias is not None:
@@ -70,11 +74,7 @@ class GGMLEmbedding(nn.Module):
 
     def __init__(self, weight: GGMLTensor, dtype: mx.Dtype = mx.float32):
         super().__init__()
-        if not isinstance(weight, GGMLTensor):
-            raise TypeError(f"weight must be a GGMLTensor, got {type(weight).__name__}")
-        if len(weight.shape) != 2:
-            raise ValueError(f"weight must be 2-D (num_embeddings, dims), got shape {weight.shape}")
-        self.num_embeddings, self.dims = weight.shape
+        self.num_embeddings, self.dims = _matrix_shape(weight, "(num_embeddings, dims)")
         self.ggml_type = weight.ggml_type
         self.dtype = dtype
         self.weight = weight.data

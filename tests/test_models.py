@@ -232,3 +232,17 @@ def test_gemma3_270m_against_float64_reference():
     # our next token (by induction): one reference pass over the whole sequence checks all 32.
     expected_next = ref.forward(W, m, prompt + got[:-1]).argmax(-1)[len(prompt) - 1:]
     assert got == [int(t) for t in expected_next]
+
+
+def test_gemma3_270m_generates_text_with_mlx_lm_and_the_cli(capsys):
+    from mlx_lm import generate
+
+    from mlx_ggml_ext.__main__ import main
+    path = _gemma_path()
+    model, tokenizer = models.load(path)
+    text = generate(model, tokenizer, prompt="The capital of France is", max_tokens=12)
+    assert isinstance(text, str) and len(text.split()) >= 3, text
+    assert main(["generate", "--model", path, "--prompt", "The capital of France is", "--max-tokens", "12"]) == 0
+    out, err = capsys.readouterr()
+    assert out.strip() == text.strip()  # greedy both times
+    assert "prefill: " in err and "tokens/s" in err
