@@ -53,7 +53,7 @@ mx::array dequantize(const mx::array& data, int ggml_type, const mx::Shape& shap
                                     rows, " x ", row_bytes, " bytes (rows x bytes per row, flat or with a last "
                                     "axis of ", row_bytes, "), got data of shape ", shape_str(data.shape()), "."));
   }
-  auto blocks = mx::reshape(data, {static_cast<int>(rows), static_cast<int>(row_bytes)}, s);
+  auto blocks = reshape_shared(data, {static_cast<int>(rows), static_cast<int>(row_bytes)}, s);
   return mx::reshape(dequantize_node(blocks, ggml_type, dtype, s), shape, s);
 }
 

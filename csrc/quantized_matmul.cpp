@@ -149,7 +149,7 @@ mx::array quantized_matmul(const mx::array& x, const mx::array& w_blocks, int gg
                                     shape_str(w.bytes.shape()), "."));
   }
   // x keeps its shape (so mx.compile(shapeless=True) can vary it); the weight is one unbatched matrix.
-  auto w4 = mx::reshape(w.bytes, {1, 1, w.bytes.shape(0), static_cast<int>(row_bytes)}, s);
+  auto w4 = reshape_shared(w.bytes, {1, 1, w.bytes.shape(0), static_cast<int>(row_bytes)}, s);
   return product_node(x, w4, w.type, /*transpose=*/false, x.dtype(), s);
 }
 
@@ -180,7 +180,7 @@ mx::array mul_mat(const mx::array& a, int ggml_type, const mx::Shape& a_shape, c
                                     shape_str(logical), " needs ", a_rows, " x ", row_bytes,
                                     " bytes, got data of shape ", shape_str(w.bytes.shape()), "."));
   }
-  auto w4 = mx::reshape(w.bytes, {a4[0], a4[1], a4[2], static_cast<int>(row_bytes)}, s);
+  auto w4 = reshape_shared(w.bytes, {a4[0], a4[1], a4[2], static_cast<int>(row_bytes)}, s);
   auto out = product_node(mx::reshape(b, b4, s), w4, w.type, /*transpose=*/false, mx::float32, s);
   const size_t nd = std::max(logical.size(), static_cast<size_t>(b.ndim()));
   mx::Shape out_shape(out.shape().end() - nd, out.shape().end());

@@ -1,5 +1,7 @@
 #include "csrc/utils.h"
 
+#include <algorithm>
+
 namespace mlx_ggml_ext {
 
 std::string shape_str(const mx::Shape& shape) {
@@ -35,6 +37,23 @@ mx::array row_contiguous(const mx::array& a, mx::StreamOrDevice s) {
   // microseconds of encoding per op); a lazy one's layout is unknown until it is evaluated.
   if (a.is_available() && a.flags().row_contiguous && a.data_size() == a.size()) return a;
   return mx::contiguous(a, /*allow_col_major=*/false, s);
+}
+
+mx::array reshape_shared(const mx::array& a, const mx::Shape& shape, mx::StreamOrDevice s) {
+  if (!(a.is_available() && a.flags().row_contiguous && a.data_size() == a.size())) return mx::reshape(a, shape, s);
+  int64_t size = 1;
+  for (auto d : shape) size *= d;
+  if (size != static_cast<int64_t>(a.size())) return mx::reshape(a, shape, s);  // mx::reshape raises the error
+  mx::Strides strides(shape.size(), 1);
+  for (int i = static_cast<int>(shape.size()) - 2; i >= 0; --i) strides[i] = strides[i + 1] * shape[i + 1];
+  auto flags = a.flags();
+  int64_t largest = 0;
+  for (auto d : shape) largest = std::max<int64_t>(largest, d);
+  flags.col_contiguous = size <= 1 || size == largest;
+  mx::array out(shape, a.dtype(), nullptr, {});
+  out.copy_shared_buffer(a, strides, flags, a.data_size());
+  out.set_status(mx::array::Status::available);
+  return out;
 }
 
 bool donate(const mx::array& in, mx::array& out) {

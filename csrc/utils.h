@@ -43,6 +43,13 @@ ggml_ext::cpu::FloatType float_type(mx::Dtype dtype);
 // lazy array that turns out to be (MLX shares the buffer), a copy for transposed, sliced or broadcast inputs.
 mx::array row_contiguous(const mx::array& a, mx::StreamOrDevice s);
 
+// `a` with a new shape of the same size. An evaluated row-major array gets an evaluated view of its own buffer,
+// with no graph node: a lazy Reshape would reach row_contiguous as an unevaluated array, and MLX's Contiguous
+// shares a buffer only when the buffer is at most 16 KiB larger than the array, which a tensor mapped from a
+// GGUF file (whose buffer is the whole file) never is, so every call would copy the weight. Lazy or strided
+// arrays get mx::reshape.
+mx::array reshape_shared(const mx::array& a, const mx::Shape& shape, mx::StreamOrDevice s);
+
 // Gives `out` the input's own buffer when MLX allows donating it (row-contiguous, same size); false if not.
 bool donate(const mx::array& in, mx::array& out);
 // The output buffer for a row-contiguous elementwise-shaped result: the input's own

@@ -1,8 +1,9 @@
-"""`python -m mlx_ggml_ext`: the package's main job on embedded defaults (no downloads).
+"""`mlx-ggml-ext` (or `python -m mlx_ggml_ext`): the package's command line.
 
-Prints the versions and backends, checks every op on small random inputs against its
-float64 reference on every available device, and times each op against MLX's
-built-in counterpart. Each op adds one entry to CHECKS and one to SPEEDS."""
+`check` (the default) prints the versions and backends, checks every op on small random inputs against its
+float64 reference on every available device, and times each op against MLX's built-in counterpart (each op
+adds one entry to CHECKS and one to SPEEDS). `generate` and `inspect` run and describe GGUF models
+(mlx_ggml_ext/models/cli.py)."""
 
 from __future__ import annotations
 
@@ -129,10 +130,25 @@ def _median_time(fn, reps):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mlx_ggml_ext", description=__doc__)
-    parser.add_argument("--reps", type=int, default=20, help="timed repetitions per op")
+    from .models import cli as models_cli
+    parser = argparse.ArgumentParser(
+        prog="mlx-ggml-ext",
+        description="ggml's quantized formats and operations in MLX: run GGUF models, inspect GGUF files, and "
+                    "check this installation's ops. Without a command: check.")
+    parser.add_argument("--reps", type=int, default=20, help="check: timed repetitions per op")
+    commands = parser.add_subparsers(title="commands", metavar="COMMAND")
+    check = commands.add_parser("check", help="check every op against a float64 reference and time it",
+                                description="Print the versions and backends, check every op on small random "
+                                            "inputs against a float64 reference on every available device, and "
+                                            "time each op against MLX's built-in counterpart.")
+    check.add_argument("--reps", type=int, default=20, help="timed repetitions per op")
+    check.set_defaults(run=run_checks)
+    models_cli.add_parsers(commands)
     args = parser.parse_args(argv)
+    return getattr(args, "run", run_checks)(args)
 
+
+def run_checks(args) -> int:
     b = mlx_ggml_ext.backends()
     print(f"mlx-ggml-ext {mlx_ggml_ext.__version__}, MLX {mx.__version__}")
     print(f"GPU backend built: {b['gpu_backend_built']}; available: CPU yes, "

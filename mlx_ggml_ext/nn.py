@@ -12,6 +12,14 @@ from . import _ext
 from .types import GGMLTensor, GGMLType
 
 
+def _matrix_shape(weight: GGMLTensor, axes: str) -> tuple:
+    if not isinstance(weight, GGMLTensor):
+        raise TypeError(f"weight must be a GGMLTensor, got {type(weight).__name__}")
+    if len(weight.shape) != 2:
+        raise ValueError(f"weight must be 2-D {axes}, got shape {weight.shape}")
+    return weight.shape
+
+
 class GGMLLinear(nn.Module):
     """``y = x @ W^T + bias`` with W kept as ggml blocks (any :class:`GGMLType`).
 
@@ -22,11 +30,7 @@ class GGMLLinear(nn.Module):
 
     def __init__(self, weight: GGMLTensor, bias: Optional[mx.array] = None):
         super().__init__()
-        if not isinstance(weight, GGMLTensor):
-            raise TypeError(f"weight must be a GGMLTensor, got {type(weight).__name__}")
-        if len(weight.shape) != 2:
-            raise ValueError(f"weight must be 2-D (output_dims, input_dims), got shape {weight.shape}")
-        self.output_dims, self.input_dims = weight.shape
+        self.output_dims, self.input_dims = _matrix_shape(weight, "(output_dims, input_dims)")
         self.ggml_type = weight.ggml_type
         self.weight = weight.data
         if bias is not None:
@@ -42,6 +46,14 @@ class GGMLLinear(nn.Module):
         self.freeze(recurse=False, keys=["weight"])  # raw blocks have no gradient
         return self
 
+    def to_lora(self, r: int = 8, scale: float = 20.0, dropout: float = 0.0):
+        """mlx-lm's LoRA layer over this one (mlx_lm.tuner.linear_to_lora_layers calls it): the adapter's
+        float matrices train, the blocks stay frozen."""
+        from mlx_lm.tuner.lora import LoRALinear
+        lora = LoRALinear(self.input_dims, self.output_dims, r=r, dropout=dropout, scale=scale)
+        lora.linear = self
+        return lora
+
     @property
     def tensor(self) -> GGMLTensor:
         return GGMLTensor(self.weight, self.ggml_type, (self.output_dims, self.input_dims))
@@ -53,6 +65,42 @@ class GGMLLinear(nn.Module):
     def __call__(self, x: mx.array) -> mx.array:
         y = _ext.quantized_matmul(x, self.weight, int(self.ggml_type))
         return y + self["bias"] if "bias" in self else y
+
+
+class GGMLEmbedding(nn.Module):
+    """A token embedding table kept as ggml blocks: a lookup gathers the rows of the ids and dequantizes only
+    those (never the whole table); :meth:`as_linear` computes a tied output head, ``x @ table^T``, on the
+    blocks themselves. The table is a frozen parameter like :class:`GGMLLinear`'s weight."""
+
+    def __init__(self, weight: GGMLTensor, dtype: mx.Dtype = mx.float32):
+        super().__init__()
+        self.num_embeddings, self.dims = _matrix_shape(weight, "(num_embeddings, dims)")
+        self.ggml_type = weight.ggml_type
+        self.dtype = dtype
+        self.weight = weight.data
+        self.freeze(keys=["weight"])
+
+    def unfreeze(self, *args, **kwargs):
+        super().unfreeze(*args, **kwargs)
+        self.freeze(recurse=False, keys=["weight"])
+        return self
+
+    def _extra_repr(self) -> str:
+        return (f"{self.num_embeddings}, {self.dims}, ggml_type={GGMLType(self.ggml_type).name}, "
+                f"dtype={self.dtype}")
+
+    def __call__(self, ids: mx.array) -> mx.array:
+        if not isinstance(ids, mx.array) or not mx.issubdtype(ids.dtype, mx.integer):
+            raise TypeError(f"ids must be an integer mlx.core.array, got "
+                            f"{getattr(ids, 'dtype', type(ids).__name__)}")
+        flat = ids.reshape(-1)
+        rows = mx.take(self.weight, flat, axis=0)
+        out = _ext.dequantize(rows, int(self.ggml_type), [flat.size, self.dims], self.dtype)
+        return out.reshape(*ids.shape, self.dims)
+
+    def as_linear(self, x: mx.array) -> mx.array:
+        """``x @ table^T`` (a tied output head), on the blocks."""
+        return _ext.quantized_matmul(x, self.weight, int(self.ggml_type))
 
 
 NameMap = Union[Mapping[str, str], Callable[[str], Optional[str]]]
@@ -93,4 +141,4 @@ def load_gguf_linears(model: nn.Module, path: str, names: NameMap) -> list:
     return replace_linear_layers(model, gguf.load(path).tensors, names)
 
 
-__all__ = ["GGMLLinear", "replace_linear_layers", "load_gguf_linears"]
+__all__ = ["GGMLLinear", "GGMLEmbedding", "replace_linear_layers", "load_gguf_linears"]

@@ -1,0 +1,91 @@
+"""GGUF models run in MLX straight off the file.
+
+    from mlx_ggml_ext import models
+    model, tokenizer = models.load("model.gguf")
+
+`model` is an mlx-lm model (mlx-lm's own class for the architecture, with its matrices replaced by
+GGMLLinear layers over the file's ggml blocks and its token table by a GGMLEmbedding), so mlx_lm.generate,
+stream_generate, generate_step, prompt caches and LoRA work with it. The file is memory-mapped: loading reads
+the metadata and the small float tensors (norms, biases) and nothing else. See docs/models.md."""
+
+from __future__ import annotations
+
+import importlib
+import os
+from typing import Callable, Optional, Tuple
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .. import gguf as _gguf
+from .config import (LLAMA_CPP_DEFAULTS, SUPPORTED_ARCHITECTURES, GGUFModelConfig, UnsupportedArchitecture,
+                     architecture_of, model_config)
+from .rope import FactorRoPE
+from .weights import attach_weights, float_vector
+
+Progress = Optional[Callable[[int, int], None]]
+
+
+def _mlx_lm_classes(config: GGUFModelConfig):
+    if config.architecture == "gemma3":
+        from . import gemma3
+        return gemma3.Model, importlib.import_module("mlx_lm.models.gemma3_text").ModelArgs
+    module = importlib.import_module(f"mlx_lm.models.{config.args['model_type']}")
+    return module.Model, module.ModelArgs
+
+
+def _with_softcap(model_class):
+    """The class whose logits are soft-capped as llama.cpp does (cap * tanh(logits / cap))."""
+    class SoftcappedModel(model_class):
+        def __call__(self, *args, **kwargs):
+            out = super().__call__(*args, **kwargs)
+            cap = self.final_logit_softcapping
+            return mx.tanh(out / cap) * cap
+    SoftcappedModel.__name__ = model_class.__name__
+    return SoftcappedModel
+
+
+def build_model(gguf_file: _gguf.GGUFFile, progress: Progress = None) -> nn.Module:
+    """The mlx-lm model of an already loaded GGUFFile (its tensors stay in the file's mapping)."""
+    tensors = gguf_file.tensors
+    config = model_config(gguf_file.metadata, {name: t.shape for name, t in tensors.items()})
+    model_class, args_class = _mlx_lm_classes(config)
+    if config.final_logit_softcapping is not None:
+        model_class = _with_softcap(model_class)
+    # mlx-lm's constructors create random float weights lazily; they are replaced before anything evaluates
+    # them, so they cost no memory.
+    model = model_class(args_class.from_dict(config.args))
+    if config.final_logit_softcapping is not None:
+        model.final_logit_softcapping = config.final_logit_softcapping
+    if config.architecture == "gemma3" and config.tied_output:
+        model.tie_word_embeddings = True  # what mlx-lm's sanitize does for a checkpoint without lm_head
+        model.pop("lm_head")
+    attach_weights(model, tensors, config.architecture, progress)
+    if "rope_freqs.weight" in tensors:
+        if config.architecture != "llama":
+            raise NotImplementedError(f"{config.architecture}: rope_freqs.weight is only supported for llama")
+        factors = float_vector(tensors["rope_freqs.weight"], "rope_freqs.weight")
+        for layer in model.layers:
+            layer.self_attn.rope = FactorRoPE(config.rope_dims, config.args["rope_theta"], True, factors)
+    model.gguf_config = config
+    return model
+
+
+def load(path: "str | os.PathLike", *, tokenizer: bool = True, progress: Progress = None
+         ) -> Tuple[nn.Module, Optional[object]]:
+    """`(model, tokenizer)` for a GGUF file: the model as above, the tokenizer an mlx-lm TokenizerWrapper
+    built from the file's vocabulary (None when `tokenizer=False`). `progress(done, total)` is called as the
+    model's modules receive their tensors.
+
+    Raises NotImplementedError for an architecture other than llama, qwen2, qwen3, gemma3, phi3."""
+    gguf_file = _gguf.load(path)
+    architecture_of(gguf_file.metadata)  # the clear error before anything else
+    model = build_model(gguf_file, progress)
+    tok = None
+    if tokenizer:
+        from ..tokenizer import load_tokenizer
+        tok = load_tokenizer(gguf_file)
+    return model, tok
+
+
+__all__ = ["load", "build_model", "SUPPORTED_ARCHITECTURES", "LLAMA_CPP_DEFAULTS", "UnsupportedArchitecture"]

