@@ -22,6 +22,9 @@ namespace {
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr int64_t kMaxRows = 64;         // query rows (all heads of a group together) per item
 constexpr int64_t kMinKeysPerSplit = 256;
+// From this many rows per item the keys are transposed once per block for outer-product scores; below it
+// (decode's one query per head), each score is a dot product.
+constexpr int64_t kMinRowsForTranspose = 8;
 
 int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
@@ -104,8 +107,12 @@ class Item {
     if (a_.causal) j1 = std::min(j1, i0_ + nq_ + (a_.kv_len - a_.q_len));  // the last row's last key + 1
     for (int64_t jb = j0; jb < j1; jb += p_.key_block) {
       const int64_t n = std::min(p_.key_block, j1 - jb);
-      transpose_keys(jb, n);
-      scores(n);
+      if (rows_ >= kMinRowsForTranspose) {
+        transpose_keys(jb, n);
+        scores(n);
+      } else {
+        scores_by_dots(jb, n);
+      }
       add_softcap_mask_and_causal(jb, n);
       softmax_and_values(jb, n);
     }
@@ -167,6 +174,29 @@ class Item {
         }
         if (d < dim) s0 += q0[d] * F32::load(kt + d * kb + c);
         F32::store(w_.s.data() + r * kb + c, s0 + s1);
+      }
+    }
+  }
+
+  // s[r][j] = q_r . k_j as dot products along the head dim, each key row read once for every row (up to four):
+  // for a few rows (decode) transposing the keys would cost more than the products.
+  void scores_by_dots(int64_t jb, int64_t n) {
+    const int64_t kb = p_.key_block, dim = a_.head_dim, dim_vec = dim / kLanes * kLanes;
+    for (int64_t j = 0; j < n; ++j) {
+      const T* krow = k_ + (jb + j) * dim;
+      for (int64_t r0 = 0; r0 < rows_; r0 += 4) {
+        const int64_t nr = std::min<int64_t>(4, rows_ - r0);
+        const float* q0 = w_.q.data() + r0 * dim;
+        vf32 acc[4] = {};
+        for (int64_t d = 0; d < dim_vec; d += kLanes) {
+          const vf32 kv = Fmt::load(krow + d);
+          for (int64_t i = 0; i < nr; ++i) acc[i] += F32::load(q0 + i * dim + d) * kv;
+        }
+        for (int64_t i = 0; i < nr; ++i) {
+          float sum = hsum(acc[i]);
+          for (int64_t d = dim_vec; d < dim; ++d) sum += q0[i * dim + d] * Fmt::to_f32(krow[d]);
+          w_.s[(r0 + i) * kb + j] = sum;
+        }
       }
     }
   }
