@@ -27,6 +27,9 @@ constexpr int64_t kMinKeysPerSplit = 256;
 constexpr int64_t kMinRowsForTranspose = 8;
 
 int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
+// Key columns are processed in pairs of vectors (eight accumulators in flight hide the FMA latency).
+constexpr int64_t kColumnStep = 2 * kLanes;
+int64_t padded(int64_t n) { return round_up(n, kColumnStep); }
 
 // How the work is cut: items = batch x kv heads x query blocks x key splits.
 struct Plan {
@@ -50,7 +53,8 @@ Plan make_plan(const AttentionArgs& a) {
   while (p.q_block > 4 && units(p.q_block) < 4 * threads) p.q_block /= 2;
   p.q_blocks = (a.q_len + p.q_block - 1) / p.q_block;
   // A key block's transposed keys (head_dim x key_block floats) stay within about 32 KB (L1).
-  p.key_block = std::clamp<int64_t>(8192 / std::max<int64_t>(1, a.head_dim) / kLanes * kLanes, 2 * kLanes, 128);
+  p.key_block = std::clamp<int64_t>(8192 / std::max<int64_t>(1, a.head_dim) / kColumnStep * kColumnStep, kColumnStep,
+                                    std::max<int64_t>(128, kColumnStep));
   p.splits = 1;
   const int64_t u = units(p.q_block);
   if (u < 2 * threads && a.kv_len >= 2 * kMinKeysPerSplit) {
@@ -132,7 +136,7 @@ class Item {
 
   // kt[d][j] = k[jb + j][d] for j < n, zeros up to the next whole vector.
   void transpose_keys(int64_t jb, int64_t n) {
-    const int64_t kb = p_.key_block, n_pad = round_up(n, kLanes);
+    const int64_t kb = p_.key_block, n_pad = padded(n);
     float* kt = w_.kt.data();
     for (int64_t j = 0; j < n; ++j) {
       const T* row = k_ + (jb + j) * a_.head_dim;
@@ -141,39 +145,36 @@ class Item {
     for (int64_t d = 0; d < a_.head_dim; ++d) std::fill(kt + d * kb + n, kt + d * kb + n_pad, 0.0f);
   }
 
-  // s[r][j] = q_r . k_j, four rows at a time sharing each key vector's load.
+  // s[r][j] = q_r . k_j: four rows by two key vectors per pass over the head dim (eight independent sums).
   void scores(int64_t n) {
-    const int64_t kb = p_.key_block, n_pad = round_up(n, kLanes), dim = a_.head_dim;
+    const int64_t kb = p_.key_block, n_pad = padded(n), dim = a_.head_dim;
     const float* kt = w_.kt.data();
-    int64_t r = 0;
-    for (; r + 4 <= rows_; r += 4) {
-      const float* q0 = w_.q.data() + r * dim;
-      for (int64_t c = 0; c < n_pad; c += kLanes) {
-        vf32 s0 = {}, s1 = {}, s2 = {}, s3 = {};
-        for (int64_t d = 0; d < dim; ++d) {
-          const vf32 kv = F32::load(kt + d * kb + c);
-          s0 += q0[d] * kv;
-          s1 += q0[dim + d] * kv;
-          s2 += q0[2 * dim + d] * kv;
-          s3 += q0[3 * dim + d] * kv;
+    for (int64_t r0 = 0; r0 < rows_; r0 += 4) {
+      const int64_t nr = std::min<int64_t>(4, rows_ - r0);
+      const float* q0 = w_.q.data() + r0 * dim;
+      for (int64_t c = 0; c < n_pad; c += kColumnStep) {
+        vf32 acc[4][2] = {};
+        if (nr == 4) {
+          for (int64_t d = 0; d < dim; ++d) {
+            const vf32 k0 = F32::load(kt + d * kb + c), k1 = F32::load(kt + d * kb + c + kLanes);
+            for (int i = 0; i < 4; ++i) {
+              acc[i][0] += q0[i * dim + d] * k0;
+              acc[i][1] += q0[i * dim + d] * k1;
+            }
+          }
+        } else {
+          for (int64_t d = 0; d < dim; ++d) {
+            const vf32 k0 = F32::load(kt + d * kb + c), k1 = F32::load(kt + d * kb + c + kLanes);
+            for (int64_t i = 0; i < nr; ++i) {
+              acc[i][0] += q0[i * dim + d] * k0;
+              acc[i][1] += q0[i * dim + d] * k1;
+            }
+          }
         }
-        F32::store(w_.s.data() + r * kb + c, s0);
-        F32::store(w_.s.data() + (r + 1) * kb + c, s1);
-        F32::store(w_.s.data() + (r + 2) * kb + c, s2);
-        F32::store(w_.s.data() + (r + 3) * kb + c, s3);
-      }
-    }
-    for (; r < rows_; ++r) {
-      const float* q0 = w_.q.data() + r * dim;
-      for (int64_t c = 0; c < n_pad; c += kLanes) {
-        vf32 s0 = {}, s1 = {};  // two chains hide the FMA latency
-        int64_t d = 0;
-        for (; d + 2 <= dim; d += 2) {
-          s0 += q0[d] * F32::load(kt + d * kb + c);
-          s1 += q0[d + 1] * F32::load(kt + (d + 1) * kb + c);
+        for (int64_t i = 0; i < nr; ++i) {
+          F32::store(w_.s.data() + (r0 + i) * kb + c, acc[i][0]);
+          F32::store(w_.s.data() + (r0 + i) * kb + c + kLanes, acc[i][1]);
         }
-        if (d < dim) s0 += q0[d] * F32::load(kt + d * kb + c);
-        F32::store(w_.s.data() + r * kb + c, s0 + s1);
       }
     }
   }
@@ -202,7 +203,7 @@ class Item {
   }
 
   void add_softcap_mask_and_causal(int64_t jb, int64_t n) {
-    const int64_t kb = p_.key_block, n_pad = round_up(n, kLanes);
+    const int64_t kb = p_.key_block, n_pad = padded(n);
     const int64_t offset = a_.kv_len - a_.q_len;
     for (int64_t r = 0; r < rows_; ++r) {
       float* s = w_.s.data() + r * kb;
@@ -222,7 +223,7 @@ class Item {
   }
 
   void softmax_and_values(int64_t jb, int64_t n) {
-    const int64_t kb = p_.key_block, n_pad = round_up(n, kLanes);
+    const int64_t kb = p_.key_block, n_pad = padded(n);
     for (int64_t r = 0; r < rows_; ++r) {
       float* s = w_.s.data() + r * kb;
       vf32 mv = splat(kNegInf);
