@@ -11,11 +11,12 @@ constexpr const char* kOp = "attention";
 mx::array attention_node(const std::vector<mx::array>& inputs, float scale, float softcap, bool causal,
                          mx::StreamOrDevice s) {
   auto stream = mx::to_stream(s);
-  std::vector<mx::array> contiguous;
-  for (const auto& a : inputs) contiguous.push_back(row_contiguous(a, stream));
+  // q, k and v are read through their strides (a KV cache's slice needs no copy); the mask row-major.
+  std::vector<mx::array> operands = {inputs[0], inputs[1], inputs[2]};
+  if (inputs.size() > 3) operands.push_back(row_contiguous(inputs[3], stream));
   const auto& q = inputs[0];
   mx::Shape shape = {q.shape(0), q.shape(1), q.shape(2), inputs[2].shape(3)};
-  return mx::array(shape, q.dtype(), std::make_shared<Attention>(stream, scale, softcap, causal), contiguous);
+  return mx::array(shape, q.dtype(), std::make_shared<Attention>(stream, scale, softcap, causal), operands);
 }
 
 void check_4d(const mx::array& a, const char* name) {

@@ -13,7 +13,7 @@ namespace mlx_ggml_ext {
 mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, const std::optional<mx::array>& mask,
                     bool causal, float scale, float softcap, mx::StreamOrDevice s = {});
 
-// Inputs: q, k, v (one dtype, row-contiguous) and optionally the mask as float32 (4-D, each axis 1 or full,
+// Inputs: q, k, v (one dtype, any strides) and optionally the mask as float32 (4-D, each axis 1 or full,
 // row-contiguous).
 class Attention : public mx::UnaryPrimitive {
  public:

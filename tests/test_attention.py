@@ -170,6 +170,24 @@ def test_non_contiguous_inputs():
     check(y, reference(to_numpy(q), to_numpy(k), to_numpy(v), scale=0.2, causal=True), mx.float32)
 
 
+@pytest.mark.parametrize("dtype", [mx.float32, mx.float16], ids=str)
+def test_kv_cache_slices_and_strided_rows(dtype):
+    """A KV cache's keys are a slice of a larger buffer (read in place through its strides); a head dim taken with
+    a step (rows not contiguous) is copied first. Both give the reference."""
+    rng = np.random.default_rng(14)
+    k_buf = random_array(rng, (2, 2, 64, 32), dtype)
+    v_buf = random_array(rng, (2, 2, 64, 32), dtype)
+    q = random_array(rng, (2, 4, 1, 32), dtype)
+    k, v = k_buf[:, :, :37, :], v_buf[:, :, :37, :]
+    check(attend(q, k, v, scale=0.2), reference(to_numpy(q), to_numpy(k), to_numpy(v), scale=0.2), dtype)
+    q2 = random_array(rng, (2, 4, 5, 64), dtype)[..., ::2]
+    k2 = k_buf[:, :, :37, :16]
+    v2 = v_buf[:, :, 3:40, ::2]
+    q2 = q2[..., :16]
+    check(attend(q2, k2, v2, "causal", scale=0.3),
+          reference(to_numpy(q2), to_numpy(k2), to_numpy(v2), scale=0.3, causal=True), dtype)
+
+
 # ----------------------------------------------------------------------------- transformations
 
 def composed(q, k, v, mask, scale, softcap=0.0):

@@ -92,8 +92,8 @@ class Item {
     kvh_ = bh % a.kv_heads;
     nq_ = std::min(p.q_block, a.q_len - i0_);
     rows_ = p.n_rep * nq_;
-    k_ = static_cast<const T*>(a.k) + bh * a.kv_len * a.head_dim;
-    v_ = static_cast<const T*>(a.v) + bh * a.kv_len * a.v_dim;
+    k_ = static_cast<const T*>(a.k) + b_ * a.k_strides[0] + kvh_ * a.k_strides[1];
+    v_ = static_cast<const T*>(a.v) + b_ * a.v_strides[0] + kvh_ * a.v_strides[1];
   }
 
   int64_t rows() const { return rows_; }
@@ -128,7 +128,7 @@ class Item {
     const float factor = a_.softcap > 0.0f ? a_.scale / a_.softcap : a_.scale;
     const T* q = static_cast<const T*>(a_.q);
     for (int64_t r = 0; r < rows_; ++r) {
-      const T* src = q + ((b_ * a_.q_heads + head(r)) * a_.q_len + position(r)) * a_.head_dim;
+      const T* src = q + b_ * a_.q_strides[0] + head(r) * a_.q_strides[1] + position(r) * a_.q_strides[2];
       float* dst = w_.q.data() + r * a_.head_dim;
       for (int64_t d = 0; d < a_.head_dim; ++d) dst[d] = Fmt::to_f32(src[d]) * factor;
     }
@@ -139,7 +139,7 @@ class Item {
     const int64_t kb = p_.key_block, n_pad = padded(n);
     float* kt = w_.kt.data();
     for (int64_t j = 0; j < n; ++j) {
-      const T* row = k_ + (jb + j) * a_.head_dim;
+      const T* row = k_ + (jb + j) * a_.k_strides[2];
       for (int64_t d = 0; d < a_.head_dim; ++d) kt[d * kb + j] = Fmt::to_f32(row[d]);
     }
     for (int64_t d = 0; d < a_.head_dim; ++d) std::fill(kt + d * kb + n, kt + d * kb + n_pad, 0.0f);
@@ -184,7 +184,7 @@ class Item {
   void scores_by_dots(int64_t jb, int64_t n) {
     const int64_t kb = p_.key_block, dim = a_.head_dim, dim_vec = dim / kLanes * kLanes;
     for (int64_t j = 0; j < n; ++j) {
-      const T* krow = k_ + (jb + j) * dim;
+      const T* krow = k_ + (jb + j) * a_.k_strides[2];
       for (int64_t r0 = 0; r0 < rows_; r0 += 4) {
         const int64_t nr = std::min<int64_t>(4, rows_ - r0);
         const float* q0 = w_.q.data() + r0 * dim;
@@ -267,7 +267,7 @@ class Item {
         const bool two = c + kLanes < vd_vec;
         vf32 acc[4][2] = {};
         for (int64_t j = 0; j < n; ++j) {
-          const T* vrow = v_ + (jb + j) * vd + c;
+          const T* vrow = v_ + (jb + j) * a_.v_strides[2] + c;
           const vf32 v0 = Fmt::load(vrow), v1 = two ? Fmt::load(vrow + kLanes) : vf32{};
           for (int64_t i = 0; i < nr; ++i) {
             const float pj = p[(r0 + i) * kb + j];
@@ -284,7 +284,7 @@ class Item {
       for (int64_t d = vd_vec; d < vd; ++d) {  // a head dim that is not a whole number of vectors
         for (int64_t i = 0; i < nr; ++i) {
           float acc = 0.0f;
-          for (int64_t j = 0; j < n; ++j) acc += p[(r0 + i) * kb + j] * Fmt::to_f32(v_[(jb + j) * vd + d]);
+          for (int64_t j = 0; j < n; ++j) acc += p[(r0 + i) * kb + j] * Fmt::to_f32(v_[(jb + j) * a_.v_strides[2] + d]);
           o[(r0 + i) * vd_pad_ + d] += acc;
         }
       }
