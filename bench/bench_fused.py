@@ -95,8 +95,11 @@ def bench_glu(rows, cols, kind, graph, rounds):
 
 def bench_attention(name, b, hq, hk, tq, tk, d, causal, graph, rounds, dtype=mx.float32):
     qs = [mx.random.normal((b, hq, tq, d)).astype(dtype) for _ in range(graph)]
-    ks = [mx.random.normal((b, hk, tk, d)).astype(dtype) for _ in range(graph)]
-    vs = [mx.random.normal((b, hk, tk, d)).astype(dtype) for _ in range(graph)]
+    # Decode reads keys and values as mlx-lm's KVCache hands them over: the first Tk positions of a buffer
+    # grown in steps of 256 (a strided view, not a copy).
+    alloc = tk if tq > 1 else (tk // 256 + 1) * 256
+    ks = [mx.random.normal((b, hk, alloc, d)).astype(dtype)[:, :, :tk] for _ in range(graph)]
+    vs = [mx.random.normal((b, hk, alloc, d)).astype(dtype)[:, :, :tk] for _ in range(graph)]
     mx.eval(qs, ks, vs)
     scale = 1.0 / math.sqrt(d)
     mask = "causal" if causal else None
@@ -106,7 +109,7 @@ def bench_attention(name, b, hq, hk, tq, tk, d, causal, graph, rounds, dtype=mx.
         "ours": lambda: [ops.attention(q, k, v, mask, scale=scale) for q, k, v in zip(qs, ks, vs)],
         "ours_1t": lambda: [ops.attention(q, k, v, mask, scale=scale) for q, k, v in zip(qs, ks, vs)],
     }
-    params = {"model": name, "shape": {"B": b, "Hq": hq, "Hk": hk, "Tq": tq, "Tk": tk, "D": d},
+    params = {"model": name, "shape": {"B": b, "Hq": hq, "Hk": hk, "Tq": tq, "Tk": tk, "D": d}, "kv_buffer": alloc,
               "mask": mask or "none", "dtype": str(dtype).split(".")[-1]}
     return summarize("attention", params, alternate(contenders, rounds), "mlx", graph)
 
