@@ -10,7 +10,9 @@
 #include <mutex>
 
 #include "csrc/mapped_file.h"
+#include "csrc/attention.h"
 #include "csrc/dequantize.h"
+#include "csrc/glu.h"
 #include "csrc/quantize.h"
 #include "csrc/quantized_matmul.h"
 #include "csrc/rms_norm.h"
@@ -119,6 +121,34 @@ NB_MODULE(_ext, m) {
         "ext_factor"_a = 0.0f, "attn_factor"_a = 1.0f, "beta_fast"_a = 32.0f, "beta_slow"_a = 1.0f,
         "n_ctx_orig"_a = 0, "freq_factors"_a = nb::none(), nb::kw_only(), "stream"_a = nb::none(),
         "ggml rope_ext on x (..., T, H, D): positions int32 (T,) or an int offset; mode 'normal'/'neox' or 0/2.");
+
+  m.def("glu",
+        [](const mx::array& gate, const std::optional<mx::array>& up, const std::string& kind, mx::StreamOrDevice s) {
+          return glu(gate, up, glu_kind(kind), s);
+        },
+        "gate"_a, "up"_a = nb::none(), "kind"_a = "swiglu", nb::kw_only(), "stream"_a = nb::none(),
+        "ggml's swiglu/geglu/geglu_erf: act(gate) * up; up None: gate's last axis holds gate then up.");
+  m.def("attention",
+        [](const mx::array& q, const mx::array& k, const mx::array& v,
+           const std::optional<std::variant<mx::array, std::string>>& mask, float scale, float softcap,
+           mx::StreamOrDevice s) {
+          std::optional<mx::array> mask_array;
+          bool causal = false;
+          if (mask) {
+            if (const auto* name = std::get_if<std::string>(&*mask)) {
+              if (*name != "causal") {
+                throw std::invalid_argument("[attention] mask must be an array, None or 'causal', got '" + *name + "'.");
+              }
+              causal = true;
+            } else {
+              mask_array = std::get<mx::array>(*mask);
+            }
+          }
+          return attention(q, k, v, mask_array, causal, scale, softcap, s);
+        },
+        "q"_a, "k"_a, "v"_a, "mask"_a = nb::none(), nb::kw_only(), "scale"_a, "softcap"_a = 0.0f,
+        "stream"_a = nb::none(),
+        "ggml's flash_attn_ext in mlx-lm's layout: q (B, Hq, Tq, D), k (B, Hk, Tk, D), v (B, Hk, Tk, Dv).");
 
   // Runtime configuration and introspection
   m.def("gpu_backend", &gpu_backend, "The GPU backend this build was compiled for: cuda, metal or cpu.");

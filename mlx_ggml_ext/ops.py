@@ -170,3 +170,49 @@ def mul_mat(a: Union[GGMLTensor, mx.array], b: mx.array, *, stream: Stream = Non
 
 
 __all__ = ["rms_norm", "rope", "dequantize", "quantize", "quantized_matmul", "mul_mat"]
+
+
+def glu(gate: mx.array, up: Optional[mx.array] = None, kind: str = "swiglu", *, stream: Stream = None) -> mx.array:
+    """ggml's gated linear units: ``act(gate) * up`` in one pass.
+
+    ``kind``: ``"swiglu"`` (SiLU), ``"geglu"`` (GELU with the tanh approximation, as ggml's GELU and
+    ``mlx.nn.gelu_approx``) or ``"geglu_erf"`` (exact GELU, as ``mlx.nn.gelu``). ``gate`` and ``up``:
+    float32/float16/bfloat16 arrays of the same shape (no broadcasting, as in ggml; dtypes promote). With
+    ``up=None``, ``gate`` is ggml's fused layout: its last axis (even) holds the gate half then the up half,
+    and the result has half that length (phi3's ``ffn_up``). Float32 math within a few ulps (docs/fused-ops.md),
+    one rounding to the output dtype. CPU (SIMD, threaded) and CUDA; on Metal it raises NotImplementedError.
+    Differentiable in both inputs (vjp, jvp); supports vmap and mx.compile (shapeless too).
+    """
+    _require_array("gate", gate)
+    _require_array("up", up, optional=True)
+    if not isinstance(kind, str):
+        raise TypeError(f"kind must be a str ('swiglu', 'geglu', 'geglu_erf'), got {type(kind).__name__}")
+    return _ext.glu(gate, up, kind, stream=stream)
+
+
+def attention(q: mx.array, k: mx.array, v: mx.array, mask: Union[mx.array, str, None] = None, *, scale: float,
+              softcap: float = 0.0, stream: Stream = None) -> mx.array:
+    """ggml's ``flash_attn_ext`` in mlx-lm's layout, a drop-in for ``mx.fast.scaled_dot_product_attention`` on
+    the CPU.
+
+    ``q (B, Hq, Tq, D)``, ``k (B, Hk, Tk, D)``, ``v (B, Hk, Tk, Dv)`` with Hq a multiple of Hk (grouped-query
+    attention: query head h uses kv head ``h // (Hq // Hk)``); float32/float16/bfloat16 (promoted to one
+    dtype), float32 accumulation. Per head: ``softmax(s + mask) @ v`` with ``s = scale * q @ k.T``, or
+    ``softcap * tanh(s / softcap)`` when ``softcap > 0`` (Gemma 2's logit softcapping). ``mask``: None; an
+    additive float array broadcastable to ``(B, Hq, Tq, Tk)`` (-inf allowed), or a bool one (True keeps);
+    or ``"causal"``: query i sees keys ``j <= i + Tk - Tq`` (a KV cache's new queries come last). A query that
+    sees no key gets zeros (as ggml; MLX's gives NaN). Output ``(B, Hq, Tq, Dv)``. CPU only (flash-style,
+    threaded, SIMD); on a GPU stream it raises NotImplementedError: use mx.fast.scaled_dot_product_attention
+    there. Differentiable in q, k, v and the mask (the backward pass is MLX's composed ops: correct, not
+    fast); supports vmap and mx.compile.
+    """
+    for name, a in (("q", q), ("k", k), ("v", v)):
+        _require_array(name, a)
+    if not (mask is None or isinstance(mask, (mx.array, str))):
+        raise TypeError(f"mask must be an mlx.core.array, 'causal' or None, got {type(mask).__name__}")
+    _require_float("scale", scale)
+    _require_float("softcap", softcap)
+    return _ext.attention(q, k, v, mask, scale=float(scale), softcap=float(softcap), stream=stream)
+
+
+__all__ += ["glu", "attention"]

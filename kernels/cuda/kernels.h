@@ -34,6 +34,19 @@ struct RmsNormArgs {
 };
 KernelLaunch rms_norm_launch(const RmsNormArgs& args, FloatType type);
 
+// y[r, c] = act(gate[r * in_stride + c]) * up[r * in_stride + c], y rows of `cols`; the same meaning as
+// ggml_ext::cpu::GluArgs. kind: 0 swiglu, 1 geglu (tanh GELU), 2 geglu_erf.
+struct GluArgs {
+  const void* gate;
+  const void* up;
+  void* y;
+  int64_t rows;
+  int64_t cols;
+  int64_t in_stride;
+};
+// kernel == nullptr for an unknown kind.
+KernelLaunch glu_launch(const GluArgs& args, FloatType type, int kind);
+
 // ggml's rope_ext on x (batches, tokens, heads, dim); the same meaning as ggml_ext::cpu::RopeArgs.
 struct RopeArgs {
   const void* x;

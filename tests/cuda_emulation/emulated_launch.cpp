@@ -271,6 +271,11 @@ int emulated_rms_norm(kc::RmsNormArgs args, int type) {
   return run(kc::rms_norm_launch(args, static_cast<kc::FloatType>(type)), args);
 }
 
+int emulated_glu(kc::GluArgs args, int type, int kind) {
+  const kc::KernelLaunch launch = kc::glu_launch(args, static_cast<kc::FloatType>(type), kind);
+  return launch.kernel ? run(launch, args) : 1;
+}
+
 int emulated_rope(kc::RopeArgs args, int type, int neox) {
   return run(kc::rope_launch(args, static_cast<kc::FloatType>(type), neox != 0), args);
 }

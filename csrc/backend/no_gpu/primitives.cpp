@@ -1,5 +1,7 @@
 // A build without a GPU backend: every primitive's eval_gpu says so.
+#include "csrc/attention.h"
 #include "csrc/dequantize.h"
+#include "csrc/glu.h"
 #include "csrc/quantize.h"
 #include "csrc/quantized_matmul.h"
 #include "csrc/rms_norm.h"
@@ -12,5 +14,7 @@ MLX_GGML_EXT_NO_GPU_KERNEL(RoPE)
 MLX_GGML_EXT_NO_GPU_KERNEL(Dequantize)
 MLX_GGML_EXT_NO_GPU_KERNEL(Quantize)
 MLX_GGML_EXT_NO_GPU_KERNEL(QuantizedMatmul)
+MLX_GGML_EXT_NO_GPU_KERNEL(GLU)
+MLX_GGML_EXT_NO_GPU_KERNEL(Attention)
 
 }  // namespace mlx_ggml_ext
