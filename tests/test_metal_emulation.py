@@ -384,3 +384,71 @@ def test_quantized_matmul_float32_output_and_grouped_batches(metal, kernel, tran
     got, expected = run_matmul(metal, kernel, "Q4_K", "f16", "f32", M=M, N=17, K=256, B2=4, A2=2,
                                transposed=transposed, seed=5)
     assert_close(got, expected, MATMUL_TOL["f32"], f"{kernel} T={transposed}")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Memory-traffic figures (tests/metal_emu/traffic.h): one JSON line per kernel and case (pytest -s).
+# Proxies of what an Apple GPU's memory system would see (bytes requested per weight byte in 128-byte
+# lines, share of coalesced simdgroup loads), not speeds: nothing here ran on a GPU.
+# ---------------------------------------------------------------------------------------------------
+def test_traffic_model_tells_adjacent_from_scattered(selftest):
+    x = np.arange(128, dtype=np.float32)
+    shares = {}
+    for scattered in (0, 1):
+        selftest.dispatch("loads_adjacent_or_scattered", (1,), (32,), traffic=True,
+                          buffers={0: x, 1: np.zeros(32, np.float32), 2: np.uint32(scattered)})
+        shares[scattered] = emu.traffic_figures("loads_adjacent_or_scattered", f"scattered={scattered}",
+                                                selftest.traffic, 0, x.nbytes, ignore=(1, 2))
+    assert shares[0]["coalesced_share"] == 1.0 and shares[0]["bytes_per_weight_byte"] == 1.0  # 4 lines, once
+    assert shares[1]["coalesced_share"] == 0.0 and shares[1]["bytes_per_weight_byte"] == 1.0  # 32 of 128 floats
+
+
+def test_bounds_are_checked_to_the_byte(selftest):
+    """A buffer of 250 bytes: a 4-byte read at offset 248 reaches 2 bytes past its end (inside the page)."""
+    message = selftest.dispatch("copy_with_overrun", (1,), (1,), expect_failure=True,
+                                buffers={0: np.zeros(250, np.uint8), 1: np.zeros(4, np.float32), 2: np.uint32(62)})
+    assert "out-of-bounds access to buffer(0) (size 250) at byte offset 248 (a 4-byte read)" in message
+
+
+def matmul_traffic(metal, kernel, type_name, M, N, K, transposed=False):
+    rng = np.random.default_rng(M)
+    w, _ = random_weight(rng, type_name, N, K)
+    x = rng.standard_normal((1, M, N if transposed else K)).astype(np.float32)
+    plan = metal.plan("matmul", type=type_name.lower(), x_dtype="f32", transposed=int(transposed), batches=1, M=M,
+                      N=N, K=K, row_bytes=w.shape[1], B2=1, A2=1, r2=1, r3=1, out_type=0)
+    assert plan["kernel"].startswith(kernel + "_"), plan["kernel"]
+    metal.dispatch_plan(plan, {0: x, 1: w, 2: np.zeros((M, K if transposed else N), np.float32)}, args_index=3,
+                        traffic=True)
+    return emu.traffic_figures(plan["kernel"], f"M={M} N={N} K={K}", metal.traffic, 1, w.nbytes, ignore=(3,),
+                               threadgroup_bytes=plan["threadgroup_bytes"])
+
+
+# One type per family: 32-element legacy, 256-element K-quants, lookup (IQ4/MXFP4).
+TRAFFIC_TYPES = ["Q4_0", "Q8_0", "Q4_K", "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4"]
+
+
+@pytest.mark.parametrize("type_name", TRAFFIC_TYPES)
+@pytest.mark.parametrize("M", [1, 3, 8])
+def test_decode_traffic(metal, type_name, M):
+    matmul_traffic(metal, "qmv", type_name, M, N=32, K=1024)
+
+
+@pytest.mark.parametrize("kernel,transposed", [("qmm", False), ("qmm_t", True)])
+def test_prefill_traffic(metal, kernel, transposed):
+    matmul_traffic(metal, kernel, "Q4_K", 64, N=64, K=256, transposed=transposed)
+
+
+def test_rms_norm_and_rope_traffic(metal):
+    x = np.random.default_rng(0).standard_normal((4, 1024)).astype(np.float32)
+    plan = metal.plan("rms_norm", dtype="f32", rows=4, dim=1024, rows_per_weight=4, weighted=1, eps=1e-5)
+    metal.dispatch_plan(plan, {0: x, 1: x[0], 2: np.zeros_like(x)}, args_index=3, traffic=True)
+    emu.traffic_figures(plan["kernel"], "rows=4 dim=1024", metal.traffic, None, x.nbytes, ignore=(3,),
+                        threadgroup_bytes=plan["threadgroup_bytes"])
+    x = np.random.default_rng(1).standard_normal((1, 4, 8, 128)).astype(np.float32)
+    plan = metal.plan("rope", dtype="f32", batches=1, tokens=4, heads=8, dim=128, n_dims=128,
+                      batches_per_positions_row=1, batches_per_factors_row=1, neox=1, has_factors=0, has_ramp=0,
+                      theta_scale=0.9, freq_scale=1.0, mscale=1.0, sin_sign=1.0)
+    metal.dispatch_plan(plan, {0: x, 1: np.zeros_like(x), 2: np.arange(4, dtype=np.int32), 3: x, 4: x},
+                        args_index=5, traffic=True)
+    emu.traffic_figures(plan["kernel"], "tokens=4 heads=8 dim=128 neox", metal.traffic, None, x.nbytes,
+                        ignore=(5,), threadgroup_bytes=plan["threadgroup_bytes"])
