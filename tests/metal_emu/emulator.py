@@ -26,13 +26,16 @@ CXX = shutil.which("g++")
 INCLUDES = [HERE, ROOT]
 # The Metal-language check's flags: warnings that matter in MSL are errors here too. Attributes are
 # Metal's (unknown to g++) and no contraction: the dequantize kernels must round like the CPU.
+# -fexcess-precision=16: half arithmetic rounds to half after every operation, as Metal's does (g++ would
+# otherwise compute _Float16 expressions in float).
 CHECK_FLAGS = ["-std=c++17", "-Wall", "-Wextra", "-Werror", "-Wno-attributes", "-Wno-unknown-pragmas",
-               "-Wno-unused-parameter", "-ffp-contract=off"]
+               "-Wno-unused-parameter", "-ffp-contract=off", "-fexcess-precision=16"]
 
 
 # The kernels' instrumentation (tests/metal_emu/traffic.h): ThreadSanitizer's calls before every access,
 # answered by traffic.cpp (libtsan is not linked); aggregate loads kept whole.
-INSTRUMENT_FLAGS = ["-fsanitize=thread", "-fno-tree-sra"]
+# -fcallgraph-info writes each unit's call graph (<unit>.ci) for call_graph_violations.
+INSTRUMENT_FLAGS = ["-fsanitize=thread", "-fno-tree-sra", "-fcallgraph-info"]
 
 
 def metal_sources() -> list[Path]:
@@ -71,6 +74,53 @@ def msl_rule_violations(path: Path) -> list[str]:
         for pattern, what in _NOT_MSL:
             if pattern.search(line):
                 found.append(f"{path.name}:{number}: {what}: {line.strip()}")
+    return found
+
+
+# What MSL forbids in kernel code and a compiler accepts: recursion, calls through a pointer (function
+# pointers, virtual calls), dynamic allocation. Read from g++'s call graph of the compiled kernels.
+_ALLOCATORS = re.compile(r"operator (new|delete)|\b(malloc|calloc|realloc|free|aligned_alloc)\b")
+
+
+def call_graph_violations(ci_file: Path) -> list[str]:
+    """Recursion, indirect calls and allocation in the functions defined in kernels/ (a -fcallgraph-info
+    file of a kernel unit)."""
+    nodes, edges = {}, []
+    for line in ci_file.read_text().splitlines():
+        m = re.match(r'node: \{ title: "([^"]+)" label: "([^"]*)"', line)
+        if m:
+            nodes[m.group(1)] = m.group(2).replace("\\n", " ")
+        m = re.match(r'edge: \{ sourcename: "([^"]+)" targetname: "([^"]+)"', line)
+        if m:
+            edges.append((m.group(1), m.group(2)))
+    ours = {n for n, label in nodes.items() if "/kernels/" in label}
+    found = []
+    calls = {}
+    for src, dst in edges:
+        if src not in ours:
+            continue
+        calls.setdefault(src, set()).add(dst)
+        if dst == "__indirect_call":
+            found.append(f"indirect call (function pointer or virtual) in {nodes[src]}")
+        elif _ALLOCATORS.search(nodes.get(dst, dst)):
+            found.append(f"dynamic allocation ({nodes.get(dst, dst)}) in {nodes[src]}")
+    # Recursion: a cycle among our functions (depth-first search, colours 1 = on the path, 2 = done).
+    colour = {}
+
+    def visit(n, path):
+        colour[n] = 1
+        for d in calls.get(n, ()):
+            if d not in ours:
+                continue
+            if colour.get(d) == 1:
+                found.append("recursion: " + " -> ".join(nodes[p] for p in path[path.index(d):] + [d]))
+            elif d not in colour:
+                visit(d, path + [d])
+        colour[n] = 2
+
+    for n in sorted(ours):
+        if n not in colour:
+            visit(n, [n])
     return found
 
 

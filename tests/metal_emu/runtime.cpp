@@ -9,8 +9,8 @@
 //   while others wait at a barrier is reported (undefined on the GPU). A simd collective resolves when
 //   every lane of the simdgroup that has not returned has arrived at the same collective; lanes waiting at
 //   different collectives, or at a barrier, are reported as divergence.
-// - Device buffers start 16-byte aligned (Metal's buffers are page-aligned) and end at most 15 bytes
-//   before a guard page (PROT_NONE). Every access of the kernels is checked byte-exact against its buffer
+// - Device buffers start 128-byte aligned (a memory line; Metal's buffers are page-aligned) and end at
+//   most 127 bytes before a guard page (PROT_NONE). Every access of the kernels is checked byte-exact against its buffer
 //   (traffic.h); an access the instrumentation misses still faults at the guard page, and the bytes
 //   around a buffer are canaries, checked after the run for stray writes.
 // - Threadgroup memory is filled with 0xFF bytes (NaN for floats) at the start of every threadgroup, and
@@ -62,7 +62,7 @@ std::map<std::string, Launcher>& registry() {
 size_t page_size() { return static_cast<size_t>(sysconf(_SC_PAGESIZE)); }
 size_t round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
 
-// A buffer whose (16-byte rounded) end touches a guard page, with a guard page before the mapping too.
+// A buffer whose (128-byte rounded) end touches a guard page, with a guard page before the mapping too.
 struct GuardedBuffer {
   std::string name;
   size_t size = 0;
@@ -74,14 +74,14 @@ struct GuardedBuffer {
     name = label;
     size = bytes;
     const size_t page = page_size();
-    const size_t body = round_up(std::max<size_t>(round_up(bytes, 16), 1), page);
+    const size_t body = round_up(std::max<size_t>(round_up(bytes, 128), 1), page);
     mapping_size = body + 2 * page;
     void* m = mmap(nullptr, mapping_size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (m == MAP_FAILED) die("mmap failed");
     mapping = static_cast<unsigned char*>(m);
     if (mprotect(mapping + page, body, PROT_READ | PROT_WRITE) != 0) die("mprotect failed");
     std::memset(mapping + page, kCanary, body);
-    data = mapping + page + body - round_up(bytes, 16);
+    data = mapping + page + body - round_up(bytes, 128);
   }
   TrafficBuffer traffic(int index) const { return {name, index, data, size, mapping, mapping_size}; }
   bool contains_guard(const void* addr) const {

@@ -142,7 +142,9 @@ void QuantizedMatmul::eval_gpu(const std::vector<mx::array>& inputs, mx::array& 
                             checked_u32(A2, op, "A2"),
                             static_cast<uint32_t>(B2 / A2),
                             static_cast<uint32_t>(B3 / A3),
-                            out_type};
+                            out_type,
+                            gm::line_offset(w.data<uint8_t>()),
+                            gm::line_offset(x.data<uint8_t>())};
   const auto plan = gm::plan_matmul(kernel_type_name(type_, op), metal_dtype_suffix(x.dtype()), transpose_,
                                     checked_u32(B3 * B2, op, "batches"), args);
   MetalKernel(stream(), plan.kernel).input(x, 0).input(w, 1).output(out, 2).bytes(plan.args, 3).dispatch(plan.grid);
