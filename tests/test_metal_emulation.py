@@ -76,6 +76,50 @@ def test_compile_check_rejects_a_type_error(tmp_path):
     assert emu.compile_check(bad, tmp_path).returncode != 0
 
 
+strict = pytest.mark.skipif(emu.CLANG is None, reason="the strict address-space check needs clang "
+                            "(Debian: apt-get install clang)")
+
+
+@strict
+@pytest.mark.parametrize("metal_file", emu.metal_sources(), ids=lambda p: p.name)
+def test_metal_source_passes_the_strict_check(metal_file, tmp_path):
+    """clang with every address space a distinct type, as in Apple's compiler."""
+    result = emu.strict_check(metal_file, tmp_path)
+    assert result.returncode == 0, result.stderr[-4000:]
+
+
+@strict
+def test_strict_check_rejects_a_device_pointer_where_threadgroup_is_expected(tmp_path):
+    source = ('#include "kernels/metal/common.h"\n'
+              "inline void fill(threadgroup float* t, uint i) { t[i] = 0.0f; }\n"
+              "[[kernel]] void bad(device float* y [[buffer(0)]], uint i [[thread_position_in_grid]]) {\n"
+              "  fill(%s, i);\n}\n")
+    good, bad = tmp_path / "good.metal", tmp_path / "bad.metal"
+    good.write_text(source.replace("device float* y [[buffer(0)]]", "threadgroup float* y [[threadgroup(0)]]") % "y")
+    bad.write_text(source % "y")
+    assert emu.strict_check(good, tmp_path).returncode == 0
+    result = emu.strict_check(bad, tmp_path)
+    assert result.returncode != 0 and "address space" in result.stderr, result.stderr
+
+
+def test_kernels_have_no_recursion_function_pointers_or_allocation(metal):
+    """MSL has none of them; g++'s call graph of the compiled kernels (-fcallgraph-info) shows them."""
+    graphs = sorted(metal.work_dir.glob("*_launchers.ci"))
+    assert len(graphs) == len(emu.metal_sources())
+    for ci in graphs:
+        assert emu.call_graph_violations(ci) == [], ci.name
+
+
+def test_call_graph_check_finds_violations(tmp_path):
+    (tmp_path / "kernels").mkdir()
+    bad = tmp_path / "kernels" / "bad.cpp"
+    bad.write_text("int f(int);\nint g(int x) { return x ? f(x - 1) : 0; }\nint f(int x) { return g(x); }\n"
+                   "int h(int (*p)(int)) { return p(3); }\nint* k() { return new int[3]; }\n")
+    subprocess.run([emu.CXX, "-O1", *emu.INSTRUMENT_FLAGS, "-c", str(bad), "-o", str(tmp_path / "bad.o")], check=True)
+    found = emu.call_graph_violations(tmp_path / "bad.ci")
+    assert [v.split(" ")[0] for v in found] == ["indirect", "dynamic", "recursion:"], found
+
+
 def test_metal_glue_compiles_against_mlx_metal_headers(tmp_path):
     """csrc/backend/metal/*.cpp (eval_gpu) against the installed MLX's own Metal headers, with
     tests/metal_glue standing in for Apple's metal-cpp: MLX's encoder API as the glue calls it."""

@@ -54,7 +54,7 @@ template <typename D, typename T, bool kTransposed>
         if (kTransposed) {
           simdgroup_load(b[j], w_tile + kk * kTile + quarter_c + 8 * j, kTile);
         } else {
-          simdgroup_load(b[j], w_tile + (quarter_c + 8 * j) * kTile + kk, kTile, ulong2(0, 0), true);
+          simdgroup_load(b[j], w_tile + (quarter_c + 8 * j) * kTile + kk, kTile, ulong2(0), true);
         }
       }
       for (int i = 0; i < 2; ++i)

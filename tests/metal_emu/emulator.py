@@ -49,6 +49,25 @@ def compile_check(metal_file: Path, out_dir: Path) -> subprocess.CompletedProces
     return subprocess.run(cmd, capture_output=True, text=True)
 
 
+CLANG = shutil.which("clang++") or shutil.which("clang++-14")
+# The strict check: clang with the shim's METAL_EMU_STRICT, each address space a distinct type qualifier.
+STRICT_FLAGS = ["-std=c++17", "-fsyntax-only", "-DMETAL_EMU_STRICT", "-Wall", "-Wextra", "-Werror",
+                "-Wno-unknown-attributes", "-Wno-unused-parameter", "-Xclang", "-fnative-half-type", "-Xclang",
+                "-fnative-half-arguments-and-returns"]
+# clang takes no attributes on an explicit instantiation (Apple's compiler does): the strict copy drops them.
+_EXPORT_ATTRIBUTES = re.compile(r'(template)\s*\[\[\s*host_name\s*\([^\]]*\)\s*\]\]\s*\[\[\s*kernel\s*\]\]')
+
+
+def strict_check(metal_file: Path, out_dir: Path) -> subprocess.CompletedProcess:
+    """clang -fsyntax-only with address spaces as types: a device pointer where a threadgroup (or thread)
+    one is expected fails, as it does in Apple's compiler."""
+    source = gen_launchers.metal_source_for_gcc(metal_file, out_dir)
+    strict = out_dir / (metal_file.stem + ".strict.metal")
+    strict.write_text(_EXPORT_ATTRIBUTES.sub(r"\1", source.read_text()))
+    cmd = [CLANG, *STRICT_FLAGS, *[f"-I{d}" for d in INCLUDES], "-x", "c++", str(strict)]
+    return subprocess.run(cmd, capture_output=True, text=True)
+
+
 # Metal rules g++ cannot see through the shim (its address spaces are erased): a pointer or reference
 # declared without an address space, and C++ that MSL lacks. A line-based check of kernels/metal.
 _TYPES = r"(?:float|half|uchar|ushort|uint|int|char|short|ulong|long|bool|T|S|block|block_\w+|\w+Args)"

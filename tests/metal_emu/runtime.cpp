@@ -10,9 +10,9 @@
 //   every lane of the simdgroup that has not returned has arrived at the same collective; lanes waiting at
 //   different collectives, or at a barrier, are reported as divergence.
 // - Device buffers start 128-byte aligned (a memory line; Metal's buffers are page-aligned) and end at
-//   most 127 bytes before a guard page (PROT_NONE). Every access of the kernels is checked byte-exact against its buffer
-//   (traffic.h); an access the instrumentation misses still faults at the guard page, and the bytes
-//   around a buffer are canaries, checked after the run for stray writes.
+//   most 127 bytes before a guard page (PROT_NONE). Every access of the kernels is checked byte-exact
+//   against its buffer (traffic.h); an access the instrumentation misses still faults at the guard page,
+//   and the bytes around a buffer are canaries, checked after the run for stray writes.
 // - Threadgroup memory is filled with 0xFF bytes (NaN for floats) at the start of every threadgroup, and
 //   limited to Metal's 32 KiB per threadgroup; at most 1024 threads per threadgroup.
 //

@@ -40,7 +40,8 @@ std::map<int, Totals> g_totals;  // by buffer index
 
 [[noreturn]] void out_of_bounds(const TrafficBuffer& b, const unsigned char* p, size_t n, bool is_write) {
   char msg[320];
-  std::snprintf(msg, sizeof msg, "metal_emu: out-of-bounds access to %s (size %zu) at byte offset %ld (a %zu-byte %s)\n",
+  std::snprintf(msg, sizeof msg,
+                "metal_emu: out-of-bounds access to %s (size %zu) at byte offset %ld (a %zu-byte %s)\n",
                 b.name.c_str(), b.size, static_cast<long>(p - b.data), n, is_write ? "write" : "read");
   (void)!write(2, msg, std::strlen(msg));
   _exit(4);
