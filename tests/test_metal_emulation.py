@@ -1,13 +1,16 @@
 """The Metal kernels (kernels/metal/*.metal), verified without Apple hardware.
 
 1. The Metal-language check: every .metal file compiles as C++ against the project's Metal shim
-   (tests/metal_emu/metal_stdlib) with warnings as errors.
+   (tests/metal_emu/metal_stdlib) with warnings as errors; the strict check compiles it with clang and
+   address spaces as distinct types; g++'s call graph shows no recursion, function pointer or allocation.
 2. The emulator: the kernels run on the CPU with Metal's execution model (tests/metal_emu/runtime.cpp:
-   concurrent lanes per threadgroup, real barriers and simdgroup collectives, guarded buffers, shuffled
-   lane order), dispatched with the grid and arguments csrc/backend/metal uses, and compared with
+   concurrent lanes per threadgroup, real barriers and simdgroup collectives, byte-exact bounds checks,
+   shuffled lane order), dispatched with the grid and arguments csrc/backend/metal uses, and compared with
    independent references (gguf, float64 numpy) under the tolerances of the other backends.
+3. Memory-traffic figures per kernel launch (tests/metal_emu/traffic.h), one JSON line each with -s.
 
-Needs only g++. Nothing here ran on a Mac: Apple's compiler and GPU may still disagree (see README).
+Needs g++ (and clang for the strict check). Nothing here ran on a Mac: Apple's compiler and GPU may still
+disagree (see docs/metal.md).
 """
 
 import subprocess
