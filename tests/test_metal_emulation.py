@@ -1,13 +1,16 @@
 """The Metal kernels (kernels/metal/*.metal), verified without Apple hardware.
 
 1. The Metal-language check: every .metal file compiles as C++ against the project's Metal shim
-   (tests/metal_emu/metal_stdlib) with warnings as errors.
+   (tests/metal_emu/metal_stdlib) with warnings as errors; the strict check compiles it with clang and
+   address spaces as distinct types; g++'s call graph shows no recursion, function pointer or allocation.
 2. The emulator: the kernels run on the CPU with Metal's execution model (tests/metal_emu/runtime.cpp:
-   concurrent lanes per threadgroup, real barriers and simdgroup collectives, guarded buffers, shuffled
-   lane order), dispatched with the grid and arguments csrc/backend/metal uses, and compared with
+   concurrent lanes per threadgroup, real barriers and simdgroup collectives, byte-exact bounds checks,
+   shuffled lane order), dispatched with the grid and arguments csrc/backend/metal uses, and compared with
    independent references (gguf, float64 numpy) under the tolerances of the other backends.
+3. Memory-traffic figures per kernel launch (tests/metal_emu/traffic.h), one JSON line each with -s.
 
-Needs only g++. Nothing here ran on a Mac: Apple's compiler and GPU may still disagree (see README).
+Needs g++ (and clang for the strict check). Nothing here ran on a Mac: Apple's compiler and GPU may still
+disagree (see docs/metal.md).
 """
 
 import subprocess
@@ -76,6 +79,50 @@ def test_compile_check_rejects_a_type_error(tmp_path):
     assert emu.compile_check(bad, tmp_path).returncode != 0
 
 
+strict = pytest.mark.skipif(emu.CLANG is None, reason="the strict address-space check needs clang "
+                            "(Debian: apt-get install clang)")
+
+
+@strict
+@pytest.mark.parametrize("metal_file", emu.metal_sources(), ids=lambda p: p.name)
+def test_metal_source_passes_the_strict_check(metal_file, tmp_path):
+    """clang with every address space a distinct type, as in Apple's compiler."""
+    result = emu.strict_check(metal_file, tmp_path)
+    assert result.returncode == 0, result.stderr[-4000:]
+
+
+@strict
+def test_strict_check_rejects_a_device_pointer_where_threadgroup_is_expected(tmp_path):
+    source = ('#include "kernels/metal/common.h"\n'
+              "inline void fill(threadgroup float* t, uint i) { t[i] = 0.0f; }\n"
+              "[[kernel]] void bad(device float* y [[buffer(0)]], uint i [[thread_position_in_grid]]) {\n"
+              "  fill(%s, i);\n}\n")
+    good, bad = tmp_path / "good.metal", tmp_path / "bad.metal"
+    good.write_text(source.replace("device float* y [[buffer(0)]]", "threadgroup float* y [[threadgroup(0)]]") % "y")
+    bad.write_text(source % "y")
+    assert emu.strict_check(good, tmp_path).returncode == 0
+    result = emu.strict_check(bad, tmp_path)
+    assert result.returncode != 0 and "address space" in result.stderr, result.stderr
+
+
+def test_kernels_have_no_recursion_function_pointers_or_allocation(metal):
+    """MSL has none of them; g++'s call graph of the compiled kernels (-fcallgraph-info) shows them."""
+    graphs = sorted(metal.work_dir.glob("*_launchers.ci"))
+    assert len(graphs) == len(emu.metal_sources())
+    for ci in graphs:
+        assert emu.call_graph_violations(ci) == [], ci.name
+
+
+def test_call_graph_check_finds_violations(tmp_path):
+    (tmp_path / "kernels").mkdir()
+    bad = tmp_path / "kernels" / "bad.cpp"
+    bad.write_text("int f(int);\nint g(int x) { return x ? f(x - 1) : 0; }\nint f(int x) { return g(x); }\n"
+                   "int h(int (*p)(int)) { return p(3); }\nint* k() { return new int[3]; }\n")
+    subprocess.run([emu.CXX, "-O1", *emu.INSTRUMENT_FLAGS, "-c", str(bad), "-o", str(tmp_path / "bad.o")], check=True)
+    found = emu.call_graph_violations(tmp_path / "bad.ci")
+    assert [v.split(" ")[0] for v in found] == ["indirect", "dynamic", "recursion:"], found
+
+
 def test_metal_glue_compiles_against_mlx_metal_headers(tmp_path):
     """csrc/backend/metal/*.cpp (eval_gpu) against the installed MLX's own Metal headers, with
     tests/metal_glue standing in for Apple's metal-cpp: MLX's encoder API as the glue calls it."""
@@ -97,7 +144,7 @@ def test_every_kernel_the_glue_asks_for_exists(metal):
     for sfx in DTYPES:
         wanted |= {f"rms_norm_{sfx}", f"rope_{sfx}"}
         for t in QUANT_TYPES + FLOAT_TYPES:
-            wanted |= {f"{k}_{t.lower()}_{sfx}" for k in ("dequantize", "qmv", "qmm", "qmm_t")}
+            wanted |= {f"{k}_{t.lower()}_{sfx}" for k in ("dequantize", "qmv_x1", "qmv_x4", "qmv_x8", "qmm", "qmm_t")}
     assert wanted <= metal.kernels, sorted(wanted - metal.kernels)
 
 
@@ -330,7 +377,8 @@ def random_weight(rng, type_name, n, k):
     return w, gguf.quants.dequantize(w, qtype).astype(np.float64).reshape(n, k)
 
 
-def run_matmul(metal, kernel, type_name, x_dtype, out_dtype, M, N, K, B2=2, A2=1, transposed=False, seed=0):
+def run_matmul(metal, kernel, type_name, x_dtype, out_dtype, M, N, K, B2=2, A2=1, transposed=False, seed=0,
+               **alignments):
     """Dispatches csrc/backend/metal's plan for the product, checks that it picked `kernel`, and returns
     (got, expected) in float64."""
     rng = np.random.default_rng(seed)
@@ -340,7 +388,7 @@ def run_matmul(metal, kernel, type_name, x_dtype, out_dtype, M, N, K, B2=2, A2=1
     out_cols = K if transposed else N
     plan = metal.plan("matmul", type=type_name.lower(), x_dtype=x_dtype, transposed=int(transposed), batches=B2,
                       M=M, N=N, K=K, row_bytes=w.shape[1], B2=B2, A2=A2, r2=B2 // A2, r3=1,
-                      out_type=OUT_TYPES[out_dtype])
+                      out_type=OUT_TYPES[out_dtype], **alignments)
     assert plan["kernel"].startswith(kernel + "_"), plan["kernel"]
     out = metal.dispatch_plan(plan, {0: x, 1: w, 2: np.full((B2, M, out_cols), 0xFF, DTYPES[out_dtype][0])},
                               args_index=3, seed=seed)
@@ -377,6 +425,20 @@ def test_quantized_matmul_every_type(metal, type_name, x_dtype):
         assert_close(got, expected, MATMUL_TOL[x_dtype], f"{kernel} {type_name} {x_dtype} T={transposed}")
 
 
+# Decode: the three x-row specializations (1, 2-4, 5-8), a full 512-element step plus a tail of whole
+# blocks (float types: a tail that is not a whole run), and addresses aligned only to 2 or 4 bytes (the
+# narrower-word staging paths; the emulator's buffers are 16-byte aligned, the plan says otherwise).
+@pytest.mark.parametrize("type_name,K", [("Q4_0", 576), ("Q5_0", 544), ("Q8_0", 544), ("Q2_K", 768), ("Q3_K", 768),
+                                         ("Q6_K", 768), ("IQ4_NL", 544), ("IQ4_XS", 768), ("MXFP4", 544),
+                                         ("F32", 530), ("BF16", 521)])
+@pytest.mark.parametrize("M,x_dtype", [(1, "f32"), (4, "f16"), (7, "bf16")])
+def test_decode_rows_steps_and_tails(metal, type_name, K, M, x_dtype):
+    alignments = {"w_align": 2, "x_align": 4} if M == 4 else {}
+    got, expected = run_matmul(metal, "qmv_x" + ("1" if M == 1 else "4" if M <= 4 else "8"), type_name, x_dtype,
+                               "f32", M=M, N=21, K=K, B2=1, seed=K + M, **alignments)
+    assert_close(got, expected, MATMUL_TOL["f32"], f"{type_name} M={M} {x_dtype}")
+
+
 @pytest.mark.parametrize("kernel,transposed", [("qmv", False), ("qmm", False), ("qmm_t", True)])
 def test_quantized_matmul_float32_output_and_grouped_batches(metal, kernel, transposed):
     """mul_mat's form: float16 x, float32 output, 4 x batches over 2 weight batches (GQA broadcasting)."""
@@ -384,3 +446,78 @@ def test_quantized_matmul_float32_output_and_grouped_batches(metal, kernel, tran
     got, expected = run_matmul(metal, kernel, "Q4_K", "f16", "f32", M=M, N=17, K=256, B2=4, A2=2,
                                transposed=transposed, seed=5)
     assert_close(got, expected, MATMUL_TOL["f32"], f"{kernel} T={transposed}")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Memory-traffic figures (tests/metal_emu/traffic.h): one JSON line per kernel and case (pytest -s).
+# Proxies of what an Apple GPU's memory system would see (bytes requested per weight byte in 128-byte
+# lines, share of coalesced simdgroup loads), not speeds: nothing here ran on a GPU.
+# ---------------------------------------------------------------------------------------------------
+def test_traffic_model_tells_adjacent_from_scattered(selftest):
+    x = np.arange(128, dtype=np.float32)
+    shares = {}
+    for scattered in (0, 1):
+        selftest.dispatch("loads_adjacent_or_scattered", (1,), (32,), traffic=True,
+                          buffers={0: x, 1: np.zeros(32, np.float32), 2: np.uint32(scattered)})
+        shares[scattered] = emu.traffic_figures("loads_adjacent_or_scattered", f"scattered={scattered}",
+                                                selftest.traffic, 0, x.nbytes, ignore=(1, 2))
+    assert shares[0]["coalesced_share"] == 1.0 and shares[0]["bytes_per_weight_byte"] == 1.0  # 4 lines, once
+    assert shares[1]["coalesced_share"] == 0.0 and shares[1]["bytes_per_weight_byte"] == 1.0  # 32 of 128 floats
+
+
+def test_bounds_are_checked_to_the_byte(selftest):
+    """A buffer of 250 bytes: a 4-byte read at offset 248 reaches 2 bytes past its end (inside the page)."""
+    message = selftest.dispatch("copy_with_overrun", (1,), (1,), expect_failure=True,
+                                buffers={0: np.zeros(250, np.uint8), 1: np.zeros(4, np.float32), 2: np.uint32(62)})
+    assert "out-of-bounds access to buffer(0) (size 250) at byte offset 248 (a 4-byte read)" in message
+
+
+def matmul_traffic(metal, kernel, type_name, M, N, K, transposed=False):
+    rng = np.random.default_rng(M)
+    w, _ = random_weight(rng, type_name, N, K)
+    x = rng.standard_normal((1, M, N if transposed else K)).astype(np.float32)
+    plan = metal.plan("matmul", type=type_name.lower(), x_dtype="f32", transposed=int(transposed), batches=1, M=M,
+                      N=N, K=K, row_bytes=w.shape[1], B2=1, A2=1, r2=1, r3=1, out_type=0)
+    assert plan["kernel"].startswith(kernel + "_"), plan["kernel"]
+    metal.dispatch_plan(plan, {0: x, 1: w, 2: np.zeros((M, K if transposed else N), np.float32)}, args_index=3,
+                        traffic=True)
+    return emu.traffic_figures(plan["kernel"], f"M={M} N={N} K={K}", metal.traffic, 1, w.nbytes, ignore=(3,),
+                               threadgroup_bytes=plan["threadgroup_bytes"])
+
+
+# One type per family: 32-element legacy, 256-element K-quants, lookup (IQ4/MXFP4).
+TRAFFIC_TYPES = ["Q4_0", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4"]
+
+
+@pytest.mark.parametrize("type_name", TRAFFIC_TYPES)
+@pytest.mark.parametrize("M", [1, 3, 8])
+def test_decode_traffic(metal, type_name, M):
+    """Each weight byte requested about once (128-byte lines; rows share lines at their ends), and every
+    device load a coalesced one (K = 4096, a row of a 4096-wide model: 8 full steps, no tail)."""
+    f = matmul_traffic(metal, "qmv", type_name, M, N=32, K=4096)
+    # A row that is not a whole number of lines (Q2_K, Q3_K, Q6_K here) shares its first and last line
+    # with its neighbours, each requesting it: Q3_K's 1760-byte rows (13.75 lines) reach 1.11.
+    assert f["bytes_per_weight_byte"] <= (1.12 if type_name == "Q3_K" else 1.1), f
+    assert f["coalesced_share"] >= 0.95, f
+    assert f["misaligned_loads"] == 0, f
+
+
+@pytest.mark.parametrize("kernel,transposed", [("qmm", False), ("qmm_t", True)])
+def test_prefill_traffic(metal, kernel, transposed):
+    matmul_traffic(metal, kernel, "Q4_K", 64, N=64, K=256, transposed=transposed)
+
+
+def test_rms_norm_and_rope_traffic(metal):
+    x = np.random.default_rng(0).standard_normal((4, 1024)).astype(np.float32)
+    plan = metal.plan("rms_norm", dtype="f32", rows=4, dim=1024, rows_per_weight=4, weighted=1, eps=1e-5)
+    metal.dispatch_plan(plan, {0: x, 1: x[0], 2: np.zeros_like(x)}, args_index=3, traffic=True)
+    emu.traffic_figures(plan["kernel"], "rows=4 dim=1024", metal.traffic, None, x.nbytes, ignore=(3,),
+                        threadgroup_bytes=plan["threadgroup_bytes"])
+    x = np.random.default_rng(1).standard_normal((1, 4, 8, 128)).astype(np.float32)
+    plan = metal.plan("rope", dtype="f32", batches=1, tokens=4, heads=8, dim=128, n_dims=128,
+                      batches_per_positions_row=1, batches_per_factors_row=1, neox=1, has_factors=0, has_ramp=0,
+                      theta_scale=0.9, freq_scale=1.0, mscale=1.0, sin_sign=1.0)
+    metal.dispatch_plan(plan, {0: x, 1: np.zeros_like(x), 2: np.arange(4, dtype=np.int32), 3: x, 4: x},
+                        args_index=5, traffic=True)
+    emu.traffic_figures(plan["kernel"], "tokens=4 heads=8 dim=128 neox", metal.traffic, None, x.nbytes,
+                        ignore=(5,), threadgroup_bytes=plan["threadgroup_bytes"])

@@ -34,6 +34,22 @@ struct FloatIO<ushort> {
   }
 };
 
+// 4-element vectors of the three storage types (float4, half4, bfloat16 bits as ushort4).
+template <typename T>
+struct Vec4;
+template <>
+struct Vec4<float> {
+  typedef float4 type;
+};
+template <>
+struct Vec4<half> {
+  typedef half4 type;
+};
+template <>
+struct Vec4<ushort> {
+  typedef ushort4 type;
+};
+
 // The host names' dtype suffixes: <kernel>_f32, _f16, _bf16.
 #define GGML_EXT_FOR_EACH_DTYPE(X, ...) \
   X(f32, float, __VA_ARGS__)            \

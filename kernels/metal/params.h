@@ -8,12 +8,14 @@
 
 namespace ggml_ext_metal {
 
-// rows of `dim` elements; row r uses weight row r / rows_per_weight when `weighted`.
+// rows of `dim` elements; row r uses weight row r / rows_per_weight when `weighted`. vec4: dim is a multiple
+// of 4 and x, weight and y start on 4-element boundaries (the host knows their addresses): 4-element loads.
 struct RmsNormArgs {
   uint32_t dim;
   uint32_t rows_per_weight;
   uint32_t weighted;
   float eps;
+  uint32_t vec4;
 };
 
 // x (batches, tokens, heads, dim); the angle constants as in kernels/cpu/rope.h (RopeAngles), computed on
@@ -35,12 +37,15 @@ struct DequantizeArgs {
 // K elements per row. Forward: out (B3, B2, M, N) = x W^T (Kx = K); transposed: out (B3, B2, M, K) = x W
 // (Kx = N). Batch z = b3 * B2 + b2 of x uses w's batch (b3 / r3) * A2 + b2 / r2. out_type: the output's
 // dtype (kMatmulOutF32/F16/BF16), chosen at run time since only the final stores depend on it.
+// w_line, x_line: the weight's and x's first byte's address modulo 128 (the host knows the arrays'
+// offsets): where the 128-byte memory lines start, and so the decode kernels' widest aligned loads.
 enum { kMatmulOutF32 = 0, kMatmulOutF16 = 1, kMatmulOutBF16 = 2 };
 struct MatmulArgs {
   uint32_t M, N, K;
   uint32_t row_bytes;
   uint32_t B2, A2, r2, r3;
   uint32_t out_type;
+  uint32_t w_line, x_line;
 };
 
 }  // namespace ggml_ext_metal

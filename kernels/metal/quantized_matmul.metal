@@ -1,91 +1,14 @@
 // The QuantizedMatmul primitive (csrc/quantized_matmul.h): x (B3, B2, M, Kx) times a weight stored as
 // ggml blocks (A3, A2, N, row_bytes), computed on the blocks: the dequantized weight only ever exists in
-// registers and threadgroup tiles. Sums in float32.
-//   qmv_<type>_<x dtype>:   decode (small M): out = x W^T, simdgroup reductions, each block read once.
+// registers and threadgroup tiles. Sums in float32. Decode (small M) is in decode.metal.
 //   qmm_<type>_<x dtype>:   prefill: out = x W^T on 32x32 tiles with simdgroup matrices.
 //   qmm_t_<type>_<x dtype>: the transposed product out = x W (x's gradient), same tiles.
-#include "kernels/metal/decoders.h"
+#include "kernels/metal/matmul_common.h"
 
 enum {
-  kDecodeRowsPerSimdgroup = 2,  // weight rows (outputs) per simdgroup
-  kDecodeSimdgroups = 4,        // simdgroups per threadgroup
-  kDecodeXRows = 4,             // x rows sharing every decoded run
   kTile = 32,                   // prefill: output tile kTile x kTile, reduction step kTile
   kTileThreads = 128,           // 4 simdgroups, each a 16 x 16 quarter of the tile
 };
-
-struct MatmulBatch {
-  size_t x, w, out;  // element / byte / element offsets of batch z
-};
-
-// ggml's broadcasting: batch z = b3 * B2 + b2 of x uses the weight batch (b3 / r3) * A2 + b2 / r2.
-inline MatmulBatch matmul_batch(constant MatmulArgs& a, uint z, uint x_cols, uint out_cols) {
-  const uint b3 = z / a.B2, b2 = z % a.B2;
-  MatmulBatch at;
-  at.x = size_t(z) * a.M * x_cols;
-  at.w = (size_t(b3 / a.r3) * a.A2 + b2 / a.r2) * a.N * a.row_bytes;
-  at.out = size_t(z) * a.M * out_cols;
-  return at;
-}
-
-inline void store_output(device uchar* out, size_t i, uint out_type, float v) {
-  if (out_type == kMatmulOutF32) {
-    ((device float*)out)[i] = v;
-  } else if (out_type == kMatmulOutF16) {
-    ((device half*)out)[i] = FloatIO<half>::store(v);
-  } else {
-    ((device ushort*)out)[i] = FloatIO<ushort>::store(v);
-  }
-}
-
-#define GGML_EXT_MATMUL_PARAMS(T)                                                                     \
-  device const T *x [[buffer(0)]], device const uchar *w [[buffer(1)]], device uchar *out [[buffer(2)]], \
-      constant MatmulArgs &args [[buffer(3)]], uint3 group [[threadgroup_position_in_grid]],             \
-      uint tid [[thread_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]],                 \
-      uint simdgroup [[simdgroup_index_in_threadgroup]]
-
-// Decode. Threadgroup (x: weight rows, y: x rows, z: batch). Each simdgroup owns kDecodeRowsPerSimdgroup
-// weight rows; lane l decodes runs l, l + 32, ... of each (every run of the rows once) and dots them with
-// the kDecodeXRows x rows; simd_sum then adds the lanes' partial sums.
-template <typename D, typename T>
-[[kernel]] void qmv(GGML_EXT_MATMUL_PARAMS(T)) {
-  const MatmulBatch at = matmul_batch(args, group.z, args.K, args.N);
-  const uint n0 = (group.x * kDecodeSimdgroups + simdgroup) * kDecodeRowsPerSimdgroup;
-  const uint m0 = group.y * kDecodeXRows;
-  float acc[kDecodeRowsPerSimdgroup][kDecodeXRows];
-  for (int r = 0; r < kDecodeRowsPerSimdgroup; ++r)
-    for (int i = 0; i < kDecodeXRows; ++i) acc[r][i] = 0.0f;
-  const uint runs = (args.K + 15) / 16;
-  for (uint run = lane; run < runs; run += 32) {
-    float xs[kDecodeXRows][16];
-    for (int i = 0; i < kDecodeXRows; ++i) {
-      for (uint j = 0; j < 16; ++j) {
-        const uint m = m0 + i, k = 16 * run + j;
-        xs[i][j] = m < args.M && k < args.K ? FloatIO<T>::load(x[at.x + size_t(m) * args.K + k]) : 0.0f;
-      }
-    }
-    for (int r = 0; r < kDecodeRowsPerSimdgroup; ++r) {
-      const uint n = n0 + r;
-      if (n >= args.N) break;  // the same for the whole simdgroup
-      float ws[16];
-      D::row16(w + at.w + size_t(n) * args.row_bytes, run, args.K, ws);
-      for (int i = 0; i < kDecodeXRows; ++i) {
-        float dot = 0.0f;
-        for (int j = 0; j < 16; ++j) dot += ws[j] * xs[i][j];
-        acc[r][i] += dot;
-      }
-    }
-  }
-  for (int r = 0; r < kDecodeRowsPerSimdgroup; ++r) {
-    for (int i = 0; i < kDecodeXRows; ++i) {
-      const float total = simd_sum(acc[r][i]);  // every lane takes part, in range or not
-      const uint n = n0 + r, m = m0 + i;
-      if (lane == 0 && n < args.N && m < args.M) {
-        store_output(out, at.out + size_t(m) * args.N + n, args.out_type, total);
-      }
-    }
-  }
-}
 
 // Prefill. Threadgroup (x: output column tile, y: x row tile, z: batch) computes a kTile x kTile output
 // tile; per reduction step it stages x (kTile x kTile, float) and the dequantized weight tile (kTile rows
@@ -131,7 +54,7 @@ template <typename D, typename T, bool kTransposed>
         if (kTransposed) {
           simdgroup_load(b[j], w_tile + kk * kTile + quarter_c + 8 * j, kTile);
         } else {
-          simdgroup_load(b[j], w_tile + (quarter_c + 8 * j) * kTile + kk, kTile, ulong2(0, 0), true);
+          simdgroup_load(b[j], w_tile + (quarter_c + 8 * j) * kTile + kk, kTile, ulong2(0), true);
         }
       }
       for (int i = 0; i < 2; ++i)
@@ -151,7 +74,6 @@ template <typename D, typename T, bool kTransposed>
 }
 
 #define GGML_EXT_INSTANTIATE_MATMUL(suffix, T, name)                                                          \
-  template [[host_name("qmv_" #name "_" #suffix)]] [[kernel]] void qmv<decoder_##name, T>(GGML_EXT_MATMUL_PARAMS(T)); \
   template [[host_name("qmm_" #name "_" #suffix)]] [[kernel]] void qmm<decoder_##name, T, false>(                \
       GGML_EXT_MATMUL_PARAMS(T), threadgroup float* tiles [[threadgroup(0)]]);                                  \
   template [[host_name("qmm_t_" #name "_" #suffix)]] [[kernel]] void qmm<decoder_##name, T, true>(               \

@@ -21,6 +21,9 @@ const std::string& field(const Fields& f, const char* key) {
   return it->second;
 }
 uint32_t u32(const Fields& f, const char* key) { return static_cast<uint32_t>(std::stoul(field(f, key))); }
+uint32_t u32_or(const Fields& f, const char* key, uint32_t otherwise) {
+  return f.count(key) ? u32(f, key) : otherwise;
+}
 float f32(const Fields& f, const char* key) { return std::strtof(field(f, key).c_str(), nullptr); }
 
 template <typename Args>
@@ -46,7 +49,9 @@ int main(int argc, char** argv) {
   const std::string& op = field(f, "op");
   if (op == "rms_norm") {
     print(plan_rms_norm(field(f, "dtype"), u32(f, "rows"),
-                        RmsNormArgs{u32(f, "dim"), u32(f, "rows_per_weight"), u32(f, "weighted"), f32(f, "eps")}));
+                        RmsNormArgs{u32(f, "dim"), u32(f, "rows_per_weight"), u32(f, "weighted"), f32(f, "eps"),
+                                    // the emulator's buffers start 128-byte aligned
+                                    u32_or(f, "vec4", u32(f, "dim") % 4 == 0)}));
   } else if (op == "rope") {
     print(plan_rope(field(f, "dtype"), u32(f, "batches"),
                     RopeArgs{u32(f, "tokens"), u32(f, "heads"), u32(f, "dim"), u32(f, "n_dims"),
@@ -59,7 +64,9 @@ int main(int argc, char** argv) {
   } else if (op == "matmul") {
     print(plan_matmul(field(f, "type"), field(f, "x_dtype"), u32(f, "transposed") != 0, u32(f, "batches"),
                       MatmulArgs{u32(f, "M"), u32(f, "N"), u32(f, "K"), u32(f, "row_bytes"), u32(f, "B2"),
-                                 u32(f, "A2"), u32(f, "r2"), u32(f, "r3"), u32(f, "out_type")}));
+                                 u32(f, "A2"), u32(f, "r2"), u32(f, "r3"), u32(f, "out_type"),
+                                 // the emulator's buffers start 128-byte aligned
+                                 u32_or(f, "w_line", 0), u32_or(f, "x_line", 0)}));
   } else {
     return 2;
   }

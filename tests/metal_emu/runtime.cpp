@@ -9,15 +9,17 @@
 //   while others wait at a barrier is reported (undefined on the GPU). A simd collective resolves when
 //   every lane of the simdgroup that has not returned has arrived at the same collective; lanes waiting at
 //   different collectives, or at a barrier, are reported as divergence.
-// - Device buffers end at a guard page (PROT_NONE): an access past the end faults, and the fault handler
-//   names the buffer and offset. The few bytes between a buffer's end and the 4-byte rounded page boundary
-//   and the bytes before its start are canaries, checked after the run for stray writes.
+// - Device buffers start 128-byte aligned (a memory line; Metal's buffers are page-aligned) and end at
+//   most 127 bytes before a guard page (PROT_NONE). Every access of the kernels is checked byte-exact
+//   against its buffer (traffic.h); an access the instrumentation misses still faults at the guard page,
+//   and the bytes around a buffer are canaries, checked after the run for stray writes.
 // - Threadgroup memory is filled with 0xFF bytes (NaN for floats) at the start of every threadgroup, and
 //   limited to Metal's 32 KiB per threadgroup; at most 1024 threads per threadgroup.
 //
 // Usage: metal_emu JOB, where JOB is a text file of lines:
 //   kernel NAME | groups X Y Z | threads X Y Z | seed N | buffer INDEX PATH | threadgroup INDEX BYTES
 //   | alias INDEX OTHER (binds buffer OTHER at INDEX too: an output donated its input's memory)
+//   | traffic PATH (count the device loads, traffic.h, and write their totals to PATH as JSON)
 // Every buffer is read from PATH and written back to PATH.out after the dispatch.
 #include <signal.h>
 #include <sys/mman.h>
@@ -36,6 +38,7 @@
 #include <vector>
 
 #include "emu_api.h"
+#include "traffic.h"
 
 namespace metal_emu {
 namespace {
@@ -59,7 +62,7 @@ std::map<std::string, Launcher>& registry() {
 size_t page_size() { return static_cast<size_t>(sysconf(_SC_PAGESIZE)); }
 size_t round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
 
-// A buffer whose (4-byte rounded) end touches a guard page, with a guard page before the mapping too.
+// A buffer whose (128-byte rounded) end touches a guard page, with a guard page before the mapping too.
 struct GuardedBuffer {
   std::string name;
   size_t size = 0;
@@ -71,15 +74,16 @@ struct GuardedBuffer {
     name = label;
     size = bytes;
     const size_t page = page_size();
-    const size_t body = round_up(std::max<size_t>(round_up(bytes, 4), 1), page);
+    const size_t body = round_up(std::max<size_t>(round_up(bytes, 128), 1), page);
     mapping_size = body + 2 * page;
     void* m = mmap(nullptr, mapping_size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (m == MAP_FAILED) die("mmap failed");
     mapping = static_cast<unsigned char*>(m);
     if (mprotect(mapping + page, body, PROT_READ | PROT_WRITE) != 0) die("mprotect failed");
     std::memset(mapping + page, kCanary, body);
-    data = mapping + page + body - round_up(bytes, 4);
+    data = mapping + page + body - round_up(bytes, 128);
   }
+  TrafficBuffer traffic(int index) const { return {name, index, data, size, mapping, mapping_size}; }
   bool contains_guard(const void* addr) const {
     const auto* a = static_cast<const unsigned char*>(addr);
     return a >= mapping && a < mapping + mapping_size;
@@ -278,6 +282,7 @@ struct Job {
   std::map<int, std::string> buffer_paths;
   std::map<int, int> aliases;
   std::map<int, size_t> threadgroup_bytes;
+  std::string traffic_path;
 };
 
 Job read_job(const char* path) {
@@ -303,6 +308,8 @@ Job read_job(const char* path) {
     } else if (key == "alias") {
       int index;
       ls >> index >> job.aliases[index];
+    } else if (key == "traffic") {
+      ls >> job.traffic_path;
     } else if (key == "threadgroup") {
       int index;
       ls >> index >> job.threadgroup_bytes[index];
@@ -364,6 +371,12 @@ int run(const Job& job) {
   }
   for (auto& b : buffers) g_guarded.push_back(&b);
   for (auto& b : tg_memory) g_guarded.push_back(&b);
+  std::vector<TrafficBuffer> checked;
+  for (size_t i = 0; i < buffers.size(); ++i)
+    if (buffers[i].data) checked.push_back(buffers[i].traffic(static_cast<int>(i)));
+  for (auto& b : tg_memory)
+    if (b.data) checked.push_back(b.traffic(-1));
+  traffic_set_buffers(std::move(checked), !job.traffic_path.empty());
   install_fault_handler();
 
   Threadgroup group;
@@ -403,8 +416,11 @@ int run(const Job& job) {
       inv.simdgroups_per_threadgroup = simdgroups;
       inv.threads_per_simdgroup = kSimdWidth;
     }
+    traffic_begin_threadgroup(static_cast<int>(per_group));
     run_threadgroup(group, rng);
+    traffic_end_threadgroup(kSimdWidth);
   }
+  if (!job.traffic_path.empty()) traffic_write_report(job.traffic_path);
   g_group = nullptr;
   for (const auto& b : buffers)
     if (b.data) b.check_canaries();
@@ -430,6 +446,7 @@ SimdSlot& simd_collective(SimdResolver resolve, const char* name, const void* in
   lane.resolver = resolve;
   lane.collective = name;
   lane.state = LaneState::at_simd;
+  traffic_lane_sync(g_group->current);
   yield_to_scheduler(lane);
   return lane.slot;
 }
@@ -437,10 +454,13 @@ SimdSlot& simd_collective(SimdResolver resolve, const char* name, const void* in
 void threadgroup_barrier_wait() {
   Lane& lane = current_lane();
   lane.state = LaneState::at_barrier;
+  traffic_lane_sync(g_group->current);
   yield_to_scheduler(lane);
 }
 
 void fail(const char* what) { die(what); }
+
+int current_lane_index() { return g_group ? g_group->current : -1; }
 
 }  // namespace metal_emu
 

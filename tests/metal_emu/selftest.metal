@@ -40,3 +40,16 @@ using namespace metal;
   y[5 * gid + 3] = simd_shuffle_down(v, 3);
   y[5 * gid + 4] = simd_broadcast(v, 5);
 }
+
+// Two ways of reading the same 32 floats per simdgroup, for the traffic model: lane l reads float4 l
+// (adjacent 16-byte words: coalesced), or float l * 33 % 128 of 128 floats (scattered: not coalesced).
+[[kernel]] void loads_adjacent_or_scattered(device const float* x [[buffer(0)]], device float* y [[buffer(1)]],
+                                            constant uint& scattered [[buffer(2)]],
+                                            uint gid [[thread_position_in_grid]]) {
+  if (scattered) {
+    y[gid] = x[(gid * 33) % 128];
+  } else {
+    const float4 v = ((device const float4*)x)[gid];
+    y[gid] = v.x + v.y + v.z + v.w;
+  }
+}

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 
+#include "kernels/common/ggml_blocks.h"
 #include "kernels/metal/params.h"
 
 namespace ggml_ext_metal {
@@ -50,14 +51,43 @@ inline Plan<DequantizeArgs> plan_dequantize(const std::string& type_name, uint32
   return {"dequantize_" + type_name + "_" + dtype, args, {{ceil_div_u32(units, 256), 1, 1}, 256, 0}};
 }
 
-// Up to kDecodeMaxRows rows of x: qmv (8 weight rows and 4 x rows per threadgroup of 4 simdgroups);
-// otherwise 32 x 32 output tiles (qmm, qmm_t for the transposed product), x and weight tiles staged.
+// Elements and bytes per block of a type named as the kernels spell it ("q4_k", "f16"); {0, 0} if unknown.
+struct BlockShape {
+  uint32_t elements, bytes;
+};
+inline BlockShape block_shape(const std::string& type_name) {
+#define GGML_EXT_PLAN_QUANT_SHAPE(NAME, name, id, qk, bytes) \
+  if (type_name == #name) return {qk, bytes};
+  GGML_EXT_FOR_EACH_QUANT_TYPE(GGML_EXT_PLAN_QUANT_SHAPE)
+#undef GGML_EXT_PLAN_QUANT_SHAPE
+  if (type_name == "f32") return {1, 4};
+  if (type_name == "f16" || type_name == "bf16") return {1, 2};
+  return {0, 0};
+}
+
+inline uint32_t dtype_bytes(const std::string& dtype) { return dtype == "f32" ? 4 : 2; }
+
+// An address modulo 128 (MatmulArgs::w_line, x_line).
+inline uint32_t line_offset(const void* p) { return static_cast<uint32_t>(reinterpret_cast<uintptr_t>(p) % 128); }
+
+// Up to kDecodeMaxRows rows of x: qmv_x1 (M = 1), qmv_x4 (2-4), qmv_x8 (5-8), decode.metal: threadgroups
+// of 4 simdgroups, each owning `rows` weight rows (4; 2 for float16/bfloat16 weights, 1 for float32), the
+// x rows and the weight rows' bytes of a 512-element step staged in threadgroup memory. Otherwise 32 x 32
+// output tiles (qmm, qmm_t for the transposed product), x and weight tiles staged.
 constexpr uint32_t kDecodeMaxRows = 8;
+constexpr uint32_t kDecodeStep = 512;
 inline Plan<MatmulArgs> plan_matmul(const std::string& type_name, const std::string& x_dtype, bool transposed,
                                     uint32_t batches, const MatmulArgs& args) {
   const std::string suffix = type_name + "_" + x_dtype;
   if (!transposed && args.M <= kDecodeMaxRows) {
-    return {"qmv_" + suffix, args, {{ceil_div_u32(args.N, 8), ceil_div_u32(args.M, 4), batches}, 128, 0}};
+    const uint32_t x_rows = args.M == 1 ? 1 : args.M <= 4 ? 4 : 8;
+    const BlockShape b = block_shape(type_name);
+    const uint32_t rows = b.elements > 1 ? 4 : b.bytes == 4 ? 1 : 2;
+    const uint32_t span = b.elements ? kDecodeStep / b.elements * b.bytes : 0;
+    const uint32_t row_stage = (span + 16 + 128 + 15) / 16 * 16;  // decode.metal's DecodeShape::row_stage
+    const uint32_t stage = x_rows * kDecodeStep * dtype_bytes(x_dtype) + 4 * rows * row_stage;
+    return {"qmv_x" + std::to_string(x_rows) + "_" + suffix, args,
+            {{ceil_div_u32(args.N, 4 * rows), ceil_div_u32(args.M, x_rows), batches}, 128, round_up_16(stage)}};
   }
   const uint32_t out_cols = transposed ? args.K : args.N;
   return {(transposed ? "qmm_t_" : "qmm_") + suffix, args,

@@ -55,8 +55,13 @@ void RMSNorm::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
   const bool weighted = inputs.size() > 1;
   const int64_t dim = x.shape(-1), rows = x.size() / dim;
   const int64_t groups = weighted ? inputs[1].size() / dim : 1;
+  // 4-element loads where every row starts on a 4-element boundary.
+  const auto aligned4 = [&](const mx::array& a) {
+    return reinterpret_cast<uintptr_t>(a.data<uint8_t>()) % (4 * a.itemsize()) == 0;
+  };
+  const bool vec4 = dim % 4 == 0 && aligned4(x) && aligned4(out) && (!weighted || aligned4(inputs[1]));
   const gm::RmsNormArgs args{checked_u32(dim, op, "row length"), checked_u32(rows / groups, op, "rows"),
-                             weighted ? 1u : 0u, eps_};
+                             weighted ? 1u : 0u, eps_, vec4 ? 1u : 0u};
   const auto plan = gm::plan_rms_norm(metal_dtype_suffix(out.dtype()), checked_u32(rows, op, "rows"), args);
   MetalKernel(stream(), plan.kernel)
       .input(x, 0)
@@ -142,7 +147,9 @@ void QuantizedMatmul::eval_gpu(const std::vector<mx::array>& inputs, mx::array& 
                             checked_u32(A2, op, "A2"),
                             static_cast<uint32_t>(B2 / A2),
                             static_cast<uint32_t>(B3 / A3),
-                            out_type};
+                            out_type,
+                            gm::line_offset(w.data<uint8_t>()),
+                            gm::line_offset(x.data<uint8_t>())};
   const auto plan = gm::plan_matmul(kernel_type_name(type_, op), metal_dtype_suffix(x.dtype()), transpose_,
                                     checked_u32(B3 * B2, op, "batches"), args);
   MetalKernel(stream(), plan.kernel).input(x, 0).input(w, 1).output(out, 2).bytes(plan.args, 3).dispatch(plan.grid);
