@@ -141,7 +141,8 @@ __device__ __forceinline__ void load_nibbles(const uint8_t* seg, int offset, con
   }
 }
 
-// What one lane holds for the tensor-core decode (matmul_decode.cu's fragment kernels): of one x-block of one row,
+// What one lane holds for the tensor-core decode (the fragment kernels of matmul_decode_tensor_cores.cuh): of one
+// x-block of one row,
 // the codes of elements 4t..4t+3 (lo) and 16+4t..16+4t+3 (hi), lane t's A-fragment words of an m16n8k32
 // product (or of two m16n8k16 products, one per half, where kPerHalf), with the x-block's scales as in Sub. In
 // every format those 8 codes lie in one word of each field (a nibble field's byte j holds elements j and 16 + j;

@@ -91,7 +91,8 @@ inline void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 16, 
 }  // namespace nvcuda::wmma
 
 // ---- decode kernels' intrinsics
-// mma.sync m16n8k32 s8 (matmul_decode.cu's mma_s8_16x8x32): the warp's fragments exchanged through memory.
+// mma.sync m16n8k32 s8 (matmul_decode_tensor_cores.cuh's mma_s8_16x8x32): the warp's fragments exchanged through
+// memory.
 void ggml_ext_emulated_mma_s8_16x8x32(int (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]);
 // cp.async (common.cuh's copy_async_*): a thread's copies are queued by group and done at the wait that
 // covers their group, so a kernel that reads a stage before waiting for it reads what was there before.

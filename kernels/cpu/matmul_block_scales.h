@@ -1,0 +1,133 @@
+// The chunk scales and offsets of 256-element blocks as 16-lane float vectors (ChunkScales and the vector forms
+// of the K-quants and IQ4_XS, chosen by ScalesOf): what the portable, AVX2 and AVX-512 row dots scale with.
+#pragma once
+#include <cstring>
+
+#include "kernels/cpu/matmul_common.h"
+
+namespace ggml_ext::cpu::GGML_EXT_ISA {
+namespace {
+
+// Chunk scales and offsets: per block for 256-element blocks (16 chunks, one lane each), then spread over a
+// group's lanes; per block for 32-element ones (the row dots call the scale function). The generic form calls
+// the shared scale function per chunk; the common formats have vector forms below that compute the same values.
+template <class Q>
+struct ChunkScales {
+  using B = typename Q::B;
+  vf32x16 scale, offset;  // 256-element blocks: chunk c in lane c
+
+  inline __attribute__((always_inline)) void load_block(const B* b) {
+    float sc[16], off[16];
+    for (int c = 0; c < 16; ++c) {
+      const auto s = Q::scale(b, c);
+      sc[c] = s.scale;
+      off[c] = signed_offset(s);
+    }
+    scale = load_vec<vf32x16>(sc);
+    offset = load_vec<vf32x16>(off);
+  }
+};
+
+// Q4_K and Q5_K: the 8 six-bit scales and mins unpacked with byte shuffles, converted together.
+// The block's 8 scales (lanes 0..7) and 8 mins (lanes 8..15) as bytes (get_scale_min_k4).
+template <class B>
+inline __attribute__((always_inline)) vu8x16 k4_scale_min_bytes(const B* b) {
+  const vu8x16 q = load16(b->scales);  // 12 bytes of scales, then the block's next field
+  // lanes 0..7: scale j, lanes 8..15: min j (get_scale_min_k4)
+  // (constant shifts only: x86 has no per-byte variable shift)
+  const vu8x16 low_idx = {0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11};
+  const vu8x16 low_mask = {63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0};
+  const vu8x16 nibble_mask = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15};
+  const vu8x16 high_idx = {0, 0, 0, 0, 0, 1, 2, 3, 0, 0, 0, 0, 4, 5, 6, 7};
+  const vu8x16 high_keep = {0, 0, 0, 0, 3, 3, 3, 3, 0, 0, 0, 0, 3, 3, 3, 3};
+  const vu8x16 low = __builtin_shuffle(q, low_idx);
+  return (low & low_mask) | ((low >> 4) & nibble_mask) | (((__builtin_shuffle(q, high_idx) >> 6) & high_keep) << 4);
+}
+
+template <class Q>
+struct K4Scales : ChunkScales<Q> {
+  inline __attribute__((always_inline)) void load_block(const typename Q::B* b) {
+    const vf32x16 values = widen_bytes(k4_scale_min_bytes(b));
+    const float d = GGML_EXT_HALF_TO_FLOAT(b->d), dmin = GGML_EXT_HALF_TO_FLOAT(b->dmin);
+    const vf32x16 dl = values * d, ml = values * (-dmin);
+    // chunk c belongs to sub-block c / 2
+    this->scale = __builtin_shufflevector(dl, dl, 0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    this->offset = __builtin_shufflevector(ml, ml, 8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
+  }
+};
+
+// Q6_K: 16 int8 scales, one per chunk.
+struct Q6KScales : ChunkScales<GGML_EXT_BLOCK_FORMAT(q6_k, 256)> {
+  inline __attribute__((always_inline)) void load_block(const block_q6_k* b) {
+    vi8x16 s;
+    std::memcpy(&s, b->scales, sizeof s);
+    scale = __builtin_convertvector(__builtin_convertvector(__builtin_convertvector(s, vi16x16), vi32x16), vf32x16) *
+            GGML_EXT_HALF_TO_FLOAT(b->d);
+    offset = vf32x16{};
+  }
+};
+
+// Q2_K: 16 bytes, scale in the low nibble and min in the high one, one per chunk.
+struct Q2KScales : ChunkScales<GGML_EXT_BLOCK_FORMAT(q2_k, 256)> {
+  inline __attribute__((always_inline)) void load_block(const block_q2_k* b) {
+    const vu8x16 v = load16(b->scales);
+    scale = widen_bytes(v & 15) * GGML_EXT_HALF_TO_FLOAT(b->d);
+    offset = widen_bytes(v >> 4) * -GGML_EXT_HALF_TO_FLOAT(b->dmin);
+  }
+};
+
+// Q3_K: 16 six-bit scales (minus 32): low nibbles from bytes 0..7, two high bits from bytes 8..11. The 16 scales
+// as stored (plus 32).
+inline __attribute__((always_inline)) vu8x16 q3k_scale_bytes(const block_q3_k* b) {
+  // The 12 scale bytes only: a 16-byte load would also take d and 2 bytes past the block, which for a
+  // tensor's last block at the end of a mapped file is an unmapped page. Bytes 12-15 are never selected.
+  vu8x16 v{};
+  std::memcpy(&v, b->scales, sizeof(b->scales));
+  const vu8x16 low_idx = {0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7};
+  const vu8x16 first_half = {15, 15, 15, 15, 15, 15, 15, 15, 0, 0, 0, 0, 0, 0, 0, 0};
+  const vu8x16 high_idx = {8, 9, 10, 11, 8, 9, 10, 11, 8, 9, 10, 11, 8, 9, 10, 11};
+  const vu8x16 low = __builtin_shuffle(v, low_idx), high = __builtin_shuffle(v, high_idx);
+  const vu8x16 q0 = {3, 3, 3, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};  // high bits at shift 2 * (j / 4)
+  const vu8x16 q1 = __builtin_shuffle(q0, vu8x16{4, 4, 4, 4, 0, 1, 2, 3, 4, 4, 4, 4, 4, 4, 4, 4});
+  const vu8x16 q2 = __builtin_shuffle(q0, vu8x16{4, 4, 4, 4, 4, 4, 4, 4, 0, 1, 2, 3, 4, 4, 4, 4});
+  const vu8x16 q3 = __builtin_shuffle(q0, vu8x16{4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 0, 1, 2, 3});
+  const vu8x16 hbits = (high & q0) | ((high >> 2) & q1) | ((high >> 4) & q2) | ((high >> 6) & q3);
+  return (low & first_half) | ((low >> 4) & ~first_half & 15) | (hbits << 4);
+}
+struct Q3KScales : ChunkScales<GGML_EXT_BLOCK_FORMAT(q3_k, 256)> {
+  inline __attribute__((always_inline)) void load_block(const block_q3_k* b) {
+    scale = (widen_bytes(q3k_scale_bytes(b)) - 32.0f) * GGML_EXT_HALF_TO_FLOAT(b->d);
+    offset = vf32x16{};
+  }
+};
+
+// IQ4_XS: 8 six-bit scales (minus 32), one per pair of chunks.
+struct IQ4XSScales : ChunkScales<GGML_EXT_BLOCK_FORMAT(iq4_xs, 256)> {
+  inline __attribute__((always_inline)) void load_block(const block_iq4_xs* b) {
+    const float d = GGML_EXT_HALF_TO_FLOAT(b->d);
+    float sc[16];
+    for (int ib = 0; ib < 8; ++ib) sc[2 * ib] = sc[2 * ib + 1] = d * static_cast<float>(ggml_ext_iq4xs_scale(b, ib));
+    scale = load_vec<vf32x16>(sc);
+    offset = vf32x16{};
+  }
+};
+
+template <class Q>
+struct ScalesOf {
+  using type = ChunkScales<Q>;
+};
+#define GGML_EXT_SCALES_OF(name, Scales)               \
+  template <>                                           \
+  struct ScalesOf<GGML_EXT_BLOCK_FORMAT(name, 256)> {   \
+    using type = Scales;                                \
+  };
+GGML_EXT_SCALES_OF(q2_k, Q2KScales)
+GGML_EXT_SCALES_OF(q3_k, Q3KScales)
+GGML_EXT_SCALES_OF(q4_k, K4Scales<GGML_EXT_BLOCK_FORMAT(q4_k, 256)>)
+GGML_EXT_SCALES_OF(q5_k, K4Scales<GGML_EXT_BLOCK_FORMAT(q5_k, 256)>)
+GGML_EXT_SCALES_OF(q6_k, Q6KScales)
+GGML_EXT_SCALES_OF(iq4_xs, IQ4XSScales)
+#undef GGML_EXT_SCALES_OF
+
+}  // namespace
+}  // namespace ggml_ext::cpu::GGML_EXT_ISA
