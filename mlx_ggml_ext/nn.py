@@ -106,6 +106,22 @@ class GGMLEmbedding(nn.Module):
 NameMap = Union[Mapping[str, str], Callable[[str], Optional[str]]]
 
 
+class GGMLRMSNorm(nn.Module):
+    """ggml's rms_norm times a weight, ``x / sqrt(mean(x^2) + eps) * weight``, as one primitive of this package
+    (on the CPU, MLX's own rms_norm is a graph of several single-threaded ops). Drop-in for ``nn.RMSNorm``."""
+
+    def __init__(self, dims: int, eps: float = 1e-5):
+        super().__init__()
+        self.weight = mx.ones((dims,))
+        self.eps = eps
+
+    def _extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, eps={self.eps}"
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return _ext.rms_norm(x, self.weight, self.eps)
+
+
 def replace_linear_layers(model: nn.Module, tensors: Mapping[str, GGMLTensor], names: NameMap) -> list:
     """Replaces each ``nn.Linear`` of ``model`` whose module path (``"layers.0.attn.q_proj"``) maps, through
     ``names`` (a dict or a function returning None to skip), to a tensor in ``tensors`` by a

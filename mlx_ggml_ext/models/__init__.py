@@ -20,6 +20,7 @@ import mlx.nn as nn
 from .. import gguf as _gguf
 from .config import (LLAMA_CPP_DEFAULTS, SUPPORTED_ARCHITECTURES, GGUFModelConfig, UnsupportedArchitecture,
                      architecture_of, model_config)
+from .fused import fused_ops_model, use_fused_ops
 from .rope import FactorRoPE
 from .weights import attach_weights, float_vector
 
@@ -45,13 +46,16 @@ def _with_softcap(model_class):
     return SoftcappedModel
 
 
-def build_model(gguf_file: _gguf.GGUFFile, progress: Progress = None) -> nn.Module:
-    """The mlx-lm model of an already loaded GGUFFile (its tensors stay in the file's mapping)."""
+def build_model(gguf_file: _gguf.GGUFFile, progress: Progress = None, fused_ops: bool = True) -> nn.Module:
+    """The mlx-lm model of an already loaded GGUFFile (its tensors stay in the file's mapping). With `fused_ops`,
+    attention and the gated feed-forward run on the package's kernels where they have one (models/fused.py)."""
     tensors = gguf_file.tensors
     config = model_config(gguf_file.metadata, {name: t.shape for name, t in tensors.items()})
     model_class, args_class = _mlx_lm_classes(config)
     if config.final_logit_softcapping is not None:
         model_class = _with_softcap(model_class)
+    if fused_ops:
+        model_class = fused_ops_model(model_class)
     # mlx-lm's constructors create random float weights lazily; they are replaced before anything evaluates
     # them, so they cost no memory.
     model = model_class(args_class.from_dict(config.args))
@@ -67,11 +71,13 @@ def build_model(gguf_file: _gguf.GGUFFile, progress: Progress = None) -> nn.Modu
         factors = float_vector(tensors["rope_freqs.weight"], "rope_freqs.weight")
         for layer in model.layers:
             layer.self_attn.rope = FactorRoPE(config.rope_dims, config.args["rope_theta"], True, factors)
+    if fused_ops:
+        use_fused_ops(model, config.architecture, config.args["model_type"])
     model.gguf_config = config
     return model
 
 
-def load(path: "str | os.PathLike", *, tokenizer: bool = True, progress: Progress = None
+def load(path: "str | os.PathLike", *, tokenizer: bool = True, progress: Progress = None, fused_ops: bool = True
          ) -> Tuple[nn.Module, Optional[object]]:
     """`(model, tokenizer)` for a GGUF file: the model as above, the tokenizer an mlx-lm TokenizerWrapper
     built from the file's vocabulary (None when `tokenizer=False`). `progress(done, total)` is called as the
@@ -80,7 +86,7 @@ def load(path: "str | os.PathLike", *, tokenizer: bool = True, progress: Progres
     Raises NotImplementedError for an architecture other than llama, qwen2, qwen3, gemma3, phi3."""
     gguf_file = _gguf.load(path)
     architecture_of(gguf_file.metadata)  # the clear error before anything else
-    model = build_model(gguf_file, progress)
+    model = build_model(gguf_file, progress, fused_ops)
     tok = None
     if tokenizer:
         from ..tokenizer import load_tokenizer

@@ -1,7 +1,7 @@
 """GGUF tensors into an mlx-lm model: tensor names -> module paths, and the modules that take them.
 
 Every matrix becomes a GGMLLinear over the file's blocks (whatever its type, F16/F32 included), the token
-table a GGMLEmbedding, and every norm an `nn.RMSNorm` whose weight is the stored vector as it is: llama.cpp's
+table a GGMLEmbedding, and every norm a `GGMLRMSNorm` whose weight is the stored vector as it is: llama.cpp's
 converter has already added Gemma's +1 to its norms, so mlx-lm's Gemma norm (which adds it at run time) is
 replaced rather than fed."""
 
@@ -14,7 +14,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_unflatten
 
-from ..nn import GGMLEmbedding, GGMLLinear
+from ..nn import GGMLEmbedding, GGMLLinear, GGMLRMSNorm
 from ..types import GGMLTensor
 
 # mlx-lm module path inside a layer -> the GGUF tensor name inside block N.
@@ -66,11 +66,11 @@ def float_vector(tensor: GGMLTensor, what: str) -> mx.array:
     return out
 
 
-def _norm(module: nn.Module, weight: mx.array, path: str) -> nn.RMSNorm:
+def _norm(module: nn.Module, weight: mx.array, path: str) -> GGMLRMSNorm:
     dims = module.weight.shape[-1]
     if tuple(weight.shape) != (dims,):
         raise ValueError(f"{path}: the norm has {dims} dims but its tensor has shape {tuple(weight.shape)}")
-    norm = nn.RMSNorm(dims, eps=module.eps)
+    norm = GGMLRMSNorm(dims, eps=module.eps)
     norm.weight = weight
     return norm
 

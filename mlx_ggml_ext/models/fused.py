@@ -1,0 +1,92 @@
+"""The package's fused CPU ops inside mlx-lm's model classes: attention and the gated feed-forward.
+
+On the CPU, MLX's own attention (mx.fast.scaled_dot_product_attention falls back to single-threaded matmuls there)
+and the feed-forward's activation (several single-threaded elementwise passes) took most of a prefill's time;
+`ops.attention` and `ops.glu` do the same math in one threaded SIMD kernel each. Elsewhere the model keeps MLX's
+ops: ops.attention has no GPU kernel, and neither op has a Metal kernel.
+
+- The feed-forward: each layer's `mlp` is replaced by a `GatedMLP` holding the same projection layers.
+- Attention: mlx-lm's attention modules call the `scaled_dot_product_attention` of their own module. That name is
+  pointed at `_dispatching_attention`, which takes the package's kernel only while one of *our* models is being
+  called (a thread-local flag set by `FusedOpsModel.__call__`) and otherwise is exactly mlx-lm's function, so
+  other mlx-lm models in the same process are not affected.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models import base as _mlx_lm_base
+
+from .. import _ext, ops
+
+_mlx_lm_attention = _mlx_lm_base.scaled_dot_product_attention
+_active = threading.local()
+
+
+def _on_cpu() -> bool:
+    return mx.default_device() == mx.cpu
+
+
+def _glu_has_kernel() -> bool:
+    return _on_cpu() or _ext.gpu_backend() == "cuda"
+
+
+def _dispatching_attention(queries, keys, values, cache, scale: float, mask, sinks=None):
+    if getattr(_active, "on", False) and _on_cpu() and sinks is None and not hasattr(cache, "bits"):
+        return ops.attention(queries, keys, values, mask, scale=scale)
+    return _mlx_lm_attention(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
+
+
+class GatedMLP(nn.Module):
+    """down(act(gate(x)) * up(x)), or down(glu(gate_up(x))) where gate and up are one fused matrix (phi3)."""
+
+    def __init__(self, mlp: nn.Module, kind: str):
+        super().__init__()
+        self.kind = kind
+        self.down_proj = mlp.down_proj
+        if "gate_up_proj" in mlp:
+            self.gate_up_proj = mlp.gate_up_proj
+        else:
+            self.gate_proj, self.up_proj = mlp.gate_proj, mlp.up_proj
+
+    def __call__(self, x: mx.array) -> mx.array:
+        if "gate_up_proj" in self:
+            h = self.gate_up_proj(x)
+            gate, up = mx.split(h, 2, axis=-1)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        if _glu_has_kernel():
+            return self.down_proj(ops.glu(gate, up, kind=self.kind))
+        act = nn.silu(gate) if self.kind == "swiglu" else nn.gelu_approx(gate)
+        return self.down_proj(act * up)
+
+
+# ggml's activation of each architecture's feed-forward (Gemma: GELU with the tanh approximation).
+GLU_KIND = {"llama": "swiglu", "qwen2": "swiglu", "qwen3": "swiglu", "phi3": "swiglu", "gemma3": "geglu"}
+
+
+def use_fused_ops(model: nn.Module, architecture: str, mlx_lm_module: str) -> None:
+    """Swaps each layer's feed-forward for a GatedMLP and routes the architecture's attention through
+    `_dispatching_attention` (see the module docstring)."""
+    for layer in model.layers:
+        layer.mlp = GatedMLP(layer.mlp, GLU_KIND[architecture])
+    module = importlib.import_module(f"mlx_lm.models.{mlx_lm_module}")
+    module.scaled_dot_product_attention = _dispatching_attention
+
+
+def fused_ops_model(model_class):
+    """The class whose calls let `_dispatching_attention` take the package's attention kernel."""
+    class FusedOpsModel(model_class):
+        def __call__(self, *args, **kwargs):
+            previous = getattr(_active, "on", False)
+            _active.on = True
+            try:
+                return super().__call__(*args, **kwargs)
+            finally:
+                _active.on = previous
+    FusedOpsModel.__name__ = model_class.__name__
+    return FusedOpsModel
