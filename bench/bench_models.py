@@ -1,0 +1,177 @@
+"""Tokens per second of a GGUF model run by this package (mlx_ggml_ext.models.load + mlx-lm's model), side by side
+with llama.cpp's llama-bench on the same file and threads, and on a GPU with MLX's own 4-bit model of the same
+shape. One JSON line per contender and round, then a summary line with medians and ratios.
+
+What is timed is what mlx-lm's generation loop does:
+- prefill P tokens: the first P-1 through the model updating the KV cache only (no logits), then the last one
+  with logits (mlx_lm.generate_step's order; llama-bench's pp test likewise asks for the last logits only);
+- decode: N tokens one at a time from an empty cache, each step's argmax fed back (llama-bench's tg test decodes
+  N tokens from an empty context).
+Token ids are random (seeded), as llama-bench's are. Rounds alternate the contenders, and each line records the
+CPU time other processes took meanwhile (in cores), since a busy neighbour slows llama.cpp far more than us:
+compare rounds with low `others_cores` only.
+
+    python bench_models.py --model gemma-3-270m-q4_k_m.gguf --llama-bench /path/to/llama-bench
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_unflatten
+from mlx_lm.models.cache import make_prompt_cache
+
+import mlx_ggml_ext
+from mlx_ggml_ext import models
+from mlx_ggml_ext.nn import GGMLLinear
+
+
+def busy_jiffies() -> int:
+    """CPU time of the whole machine, all processes, in clock ticks (user + nice + system + irq + softirq)."""
+    with open("/proc/stat") as f:
+        fields = [int(v) for v in f.readline().split()[1:]]
+    return fields[0] + fields[1] + fields[2] + fields[5] + fields[6]
+
+
+def own_seconds() -> float:
+    """CPU seconds of this process and its finished children (llama-bench)."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+class LoadMeter:
+    """Cores' worth of CPU that other processes used while a block ran (Linux; None elsewhere)."""
+
+    def __enter__(self):
+        self.linux = os.path.exists("/proc/stat")
+        if self.linux:
+            self.wall, self.busy, self.own = time.perf_counter(), busy_jiffies(), own_seconds()
+        return self
+
+    def __exit__(self, *exc):
+        self.others_cores = None
+        if self.linux:
+            wall = time.perf_counter() - self.wall
+            busy = (busy_jiffies() - self.busy) / os.sysconf("SC_CLK_TCK")
+            self.others_cores = round(max(0.0, busy - (own_seconds() - self.own)) / wall, 3)
+
+
+def prefill_tok_s(model, n_tokens: int, seed: int) -> float:
+    tokens = mx.random.randint(0, model_vocab(model), (n_tokens,), key=mx.random.key(seed))
+    mx.eval(tokens)
+    cache = make_prompt_cache(model)
+    start = time.perf_counter()
+    model(tokens[None, :-1], cache=cache)
+    mx.eval([c.state for c in cache])
+    logits = model(tokens[None, -1:], cache=cache)
+    mx.eval(logits)
+    return n_tokens / (time.perf_counter() - start)
+
+
+def decode_tok_s(model, n_tokens: int, seed: int) -> float:
+    y = mx.random.randint(0, model_vocab(model), (1, 1), key=mx.random.key(seed))
+    cache = make_prompt_cache(model)
+    mx.eval(y)
+    start = time.perf_counter()
+    for _ in range(n_tokens):
+        logits = model(y, cache=cache)
+        y = mx.argmax(logits[:, -1:, :], axis=-1)
+        mx.eval(y)
+    return n_tokens / (time.perf_counter() - start)
+
+
+def model_vocab(model) -> int:
+    return int(model.args.vocab_size)
+
+
+def mlx_affine4(model: nn.Module, group_size: int = 64) -> nn.Module:
+    """The same model with every GGMLLinear replaced by MLX's own affine 4-bit QuantizedLinear of the dequantized
+    weight (what mlx-lm's `nn.quantize(group_size=64, bits=4)` makes of a float16 model)."""
+    def convert(layer):
+        linear = nn.Linear(layer.input_dims, layer.output_dims, bias="bias" in layer)
+        linear.weight = layer.tensor.dequantize(mx.float16)
+        if "bias" in layer:
+            linear.bias = layer.bias
+        return nn.QuantizedLinear.from_linear(linear, group_size, 4)
+    swaps = [(path, convert(m)) for path, m in model.named_modules() if isinstance(m, GGMLLinear)]
+    model.update_modules(tree_unflatten(swaps))
+    mx.eval(model.parameters())
+    return model
+
+
+def llama_bench(binary: str, model: str, prompts, decode: int, threads: int) -> dict:
+    """{'pp256': tok/s, ..., 'tg128': tok/s} from one llama-bench run (one repetition per test)."""
+    cmd = [binary, "-m", model, "-p", ",".join(map(str, prompts)), "-n", str(decode), "-t", str(threads),
+           "-r", "1", "-o", "json"]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    result = {}
+    for test in json.loads(out):
+        key = f"pp{test['n_prompt']}" if test["n_gen"] == 0 else f"tg{test['n_gen']}"
+        result[key] = float(test["avg_ts"])
+    return result
+
+
+def ours(model, prompts, decode: int, seed: int) -> dict:
+    result = {f"pp{p}": prefill_tok_s(model, p, seed + p) for p in prompts}
+    result[f"tg{decode}"] = decode_tok_s(model, decode, seed)
+    return result
+
+
+def emit(line: dict) -> None:
+    print(json.dumps(line), flush=True)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, help="a GGUF file")
+    p.add_argument("--llama-bench", help="llama.cpp's llama-bench (CPU peer; same file and threads)")
+    p.add_argument("--llama-label", default="", help="what llama.cpp was built from, recorded as given")
+    p.add_argument("--mlx-4bit", action="store_true", help="also MLX's own affine 4-bit model of the same shape")
+    p.add_argument("--prompts", default="256,512", help="prefill lengths")
+    p.add_argument("--decode", type=int, default=128, help="decode tokens")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--threads", type=int, default=mlx_ggml_ext.num_threads())
+    args = p.parse_args()
+    prompts = [int(v) for v in args.prompts.split(",")]
+    mlx_ggml_ext.set_num_threads(args.threads)
+
+    model, _ = models.load(args.model)
+    contenders = {"ours": lambda: ours(model, prompts, args.decode, 1)}
+    if args.mlx_4bit:
+        affine, _ = models.load(args.model)
+        affine = mlx_affine4(affine)
+        contenders["mlx_affine4"] = lambda: ours(affine, prompts, args.decode, 1)
+    if args.llama_bench:
+        contenders["llama.cpp"] = lambda: llama_bench(args.llama_bench, args.model, prompts, args.decode,
+                                                      args.threads)
+    setup = {"model": os.path.basename(args.model), "device": str(mx.default_device()),
+             "cpu_isa": mlx_ggml_ext.cpu_isa(), "threads": args.threads, "llama_label": args.llama_label,
+             "mlx": mx.__version__, "version": mlx_ggml_ext.__version__}
+    emit({"setup": setup})
+    ours(model, [32], 8, 0)  # warm-up: first-call allocations and page faults of the mapped weights
+    samples = {name: [] for name in contenders}
+    for r in range(args.rounds):
+        for name, run in contenders.items():
+            with LoadMeter() as load:
+                result = run()
+            samples[name].append(result)
+            emit({"round": r, "contender": name, **{k: round(v, 2) for k, v in result.items()},
+                  "others_cores": load.others_cores})
+    summary = {name: {k: round(statistics.median(s[k] for s in runs), 2) for k in runs[0]}
+               for name, runs in samples.items()}
+    ratios = {f"ours_over_{name}": {k: round(summary["ours"][k] / v, 3) for k, v in summary[name].items()}
+              for name in summary if name != "ours"}
+    emit({"summary": summary, **ratios})
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""Writes a Llama-3.2-1B-shaped GGUF with random float16 weights, for end-to-end speed runs (bench_models.py).
+
+Speed does not depend on the weights' values, so a model of the right shape stands in for a real one that this
+machine cannot download. The tokenizer metadata is copied from any GGUF that has one (`--vocab-from`: a Llama 3
+vocabulary keeps the real embedding size, 128256), so llama.cpp loads the file as it would a real model; without
+it the file gets a SentencePiece-style vocabulary of `--vocab-size` placeholder tokens (the 256 byte tokens
+first). Quantize the result with llama.cpp's own tool to get its real tensor-type mix, e.g.
+
+    python make_bench_model.py --vocab-from ggml-vocab-llama-bpe.gguf --out /tmp/llama1b-f16.gguf
+    llama-quantize /tmp/llama1b-f16.gguf /tmp/llama1b-q4_k_m.gguf Q4_K_M
+    llama-quantize /tmp/llama1b-f16.gguf /tmp/llama1b-q8_0.gguf Q8_0
+
+Shape (Llama 3.2 1B): hidden 2048, 16 layers, feed-forward 8192, 32 query heads and 8 key/value heads of 64,
+RoPE base 500000, tied output head. `--layers` and `--hidden` shrink it for a quick check. Where llama.cpp's
+tools are not at hand (the GPU machine), `--type q4_0|q4_k|q8_0|...` quantizes every matrix with this package's
+own quantizer instead (one type for all; the norms stay float32).
+"""
+
+import argparse
+
+import mlx.core as mx
+import numpy as np
+
+from mlx_ggml_ext import GGMLTensor, GGMLType, gguf, ops
+
+
+def random_f16(rng: np.random.Generator, shape, scale: float) -> np.ndarray:
+    return (rng.standard_normal(shape, dtype=np.float32) * scale).astype(np.float16)
+
+
+def placeholder_vocabulary(size: int) -> dict:
+    """A SentencePiece-style ('llama') vocabulary: <unk>, <s>, </s>, the 256 byte tokens, then placeholders."""
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    tokens += [f"\u2581tok{i}" for i in range(size - len(tokens))]
+    types = [2, 3, 3] + [6] * 256 + [1] * (size - 259)  # unknown, control, byte, normal
+    return {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens,
+            "tokenizer.ggml.scores": np.arange(size, dtype=np.float32) * -1.0,
+            "tokenizer.ggml.token_type": np.array(types, dtype=np.int32),
+            "tokenizer.ggml.unknown_token_id": 0, "tokenizer.ggml.bos_token_id": 1,
+            "tokenizer.ggml.eos_token_id": 2}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--vocab-from", help="a GGUF whose tokenizer.* metadata the model takes")
+    p.add_argument("--vocab-size", type=int, default=128256, help="without --vocab-from: placeholder tokens")
+    p.add_argument("--type", help="quantize the matrices with this package (e.g. q4_0, q4_k, q8_0)")
+    p.add_argument("--out", required=True)
+    p.add_argument("--layers", type=int, default=16)
+    p.add_argument("--hidden", type=int, default=2048)
+    p.add_argument("--ffn", type=int, default=8192)
+    p.add_argument("--heads", type=int, default=32)
+    p.add_argument("--kv-heads", type=int, default=8)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+    if args.hidden % args.heads or args.heads % args.kv_heads:
+        p.error("hidden must be a multiple of heads, and heads a multiple of kv-heads")
+
+    if args.vocab_from:
+        vocab = gguf.load(args.vocab_from)
+        tokenizer = {k: v for k, v in vocab.typed_metadata.items() if k.startswith("tokenizer.")}
+        n_vocab = len(vocab.metadata["tokenizer.ggml.tokens"])
+    else:
+        tokenizer, n_vocab = placeholder_vocabulary(args.vocab_size), args.vocab_size
+    head_dim = args.hidden // args.heads
+    arch = "llama"
+    metadata = {
+        "general.architecture": arch,
+        "general.name": f"random llama {args.layers}x{args.hidden}",
+        f"{arch}.context_length": 131072,
+        f"{arch}.embedding_length": args.hidden,
+        f"{arch}.block_count": args.layers,
+        f"{arch}.feed_forward_length": args.ffn,
+        f"{arch}.attention.head_count": args.heads,
+        f"{arch}.attention.head_count_kv": args.kv_heads,
+        f"{arch}.rope.freq_base": 500000.0,
+        f"{arch}.rope.dimension_count": head_dim,
+        f"{arch}.attention.layer_norm_rms_epsilon": 1e-5,
+        f"{arch}.vocab_size": n_vocab,
+        **tokenizer,
+    }
+    rng = np.random.default_rng(args.seed)
+    h, kv = args.hidden, args.kv_heads * head_dim
+    tensors = {"token_embd.weight": random_f16(rng, (n_vocab, h), 0.02),
+               "output_norm.weight": np.ones(h, np.float32)}
+    for i in range(args.layers):
+        b = f"blk.{i}."
+        tensors.update({
+            b + "attn_norm.weight": np.ones(h, np.float32),
+            b + "attn_q.weight": random_f16(rng, (h, h), h ** -0.5),
+            b + "attn_k.weight": random_f16(rng, (kv, h), h ** -0.5),
+            b + "attn_v.weight": random_f16(rng, (kv, h), h ** -0.5),
+            b + "attn_output.weight": random_f16(rng, (h, h), h ** -0.5),
+            b + "ffn_norm.weight": np.ones(h, np.float32),
+            b + "ffn_gate.weight": random_f16(rng, (args.ffn, h), h ** -0.5),
+            b + "ffn_up.weight": random_f16(rng, (args.ffn, h), h ** -0.5),
+            b + "ffn_down.weight": random_f16(rng, (h, args.ffn), args.ffn ** -0.5),
+        })
+    if args.type:
+        ggml_type = GGMLType.of(args.type)
+        for name, t in tensors.items():
+            if t.ndim == 2:
+                blocks = ops.quantize(mx.array(t.astype(np.float32)), ggml_type, stream=mx.cpu)
+                tensors[name] = GGMLTensor(blocks, ggml_type, t.shape)
+                mx.eval(blocks)
+    gguf.save(args.out, metadata, tensors)
+    print(f"wrote {args.out}: {len(tensors)} tensors, vocabulary {n_vocab}")
+
+
+if __name__ == "__main__":
+    main()
