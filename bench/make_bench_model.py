@@ -22,6 +22,12 @@ import mlx.core as mx
 import numpy as np
 
 from mlx_ggml_ext import GGMLTensor, GGMLType, gguf, ops
+from mlx_ggml_ext.gguf import Value, ValueType
+
+
+def u32(value: int) -> Value:
+    """llama.cpp reads the hyperparameter keys as UINT32 only (an INT32 is refused)."""
+    return Value(value, ValueType.UINT32)
 
 
 def random_f16(rng: np.random.Generator, shape, scale: float) -> np.ndarray:
@@ -36,8 +42,8 @@ def placeholder_vocabulary(size: int) -> dict:
     return {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens,
             "tokenizer.ggml.scores": np.arange(size, dtype=np.float32) * -1.0,
             "tokenizer.ggml.token_type": np.array(types, dtype=np.int32),
-            "tokenizer.ggml.unknown_token_id": 0, "tokenizer.ggml.bos_token_id": 1,
-            "tokenizer.ggml.eos_token_id": 2}
+            "tokenizer.ggml.unknown_token_id": u32(0), "tokenizer.ggml.bos_token_id": u32(1),
+            "tokenizer.ggml.eos_token_id": u32(2)}
 
 
 def main():
@@ -67,16 +73,16 @@ def main():
     metadata = {
         "general.architecture": arch,
         "general.name": f"random llama {args.layers}x{args.hidden}",
-        f"{arch}.context_length": 131072,
-        f"{arch}.embedding_length": args.hidden,
-        f"{arch}.block_count": args.layers,
-        f"{arch}.feed_forward_length": args.ffn,
-        f"{arch}.attention.head_count": args.heads,
-        f"{arch}.attention.head_count_kv": args.kv_heads,
+        f"{arch}.context_length": u32(131072),
+        f"{arch}.embedding_length": u32(args.hidden),
+        f"{arch}.block_count": u32(args.layers),
+        f"{arch}.feed_forward_length": u32(args.ffn),
+        f"{arch}.attention.head_count": u32(args.heads),
+        f"{arch}.attention.head_count_kv": u32(args.kv_heads),
         f"{arch}.rope.freq_base": 500000.0,
-        f"{arch}.rope.dimension_count": head_dim,
+        f"{arch}.rope.dimension_count": u32(head_dim),
         f"{arch}.attention.layer_norm_rms_epsilon": 1e-5,
-        f"{arch}.vocab_size": n_vocab,
+        f"{arch}.vocab_size": u32(n_vocab),
         **tokenizer,
     }
     rng = np.random.default_rng(args.seed)
