@@ -69,7 +69,10 @@ def _rel_max(got, expected) -> float:
 def test_architecture_math_matches_reference(key, tiny, float_products):
     path, m, W = tiny(key)
     model, _ = models.load(path, tokenizer=False)
-    assert _rel_max(_logits(model, TOKENS), ref.forward(W, m, TOKENS)) < 1e-5
+    # On the GPU, MLX's own float matmul and attention (CUDA) round more than float32 does: 6.2e-4 on an H100;
+    # a wrong formula is off by O(1).
+    bound = 1e-5 if mx.default_device() == mx.cpu else 2e-3
+    assert _rel_max(_logits(model, TOKENS), ref.forward(W, m, TOKENS)) < bound
 
 
 @pytest.mark.parametrize("key", list(ref.TINY_MODELS))
