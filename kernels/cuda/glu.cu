@@ -24,8 +24,9 @@ __device__ __forceinline__ float gelu_erf(float g) {
   const float dz = fmaf(-kHi, g, -z) - kLo * g;
   const float e = erfcf(z);
   const float dlog = e > 0.0f ? -1.1283791670955126f * expf(-z * z) / e : 0.0f;  // d ln erfc(z) / dz
-  const float correction = dlog * dz;  // not finite only for an infinite x, where there is nothing to correct
-  return 0.5f * g * e * (1.0f + (isfinite(correction) ? correction : 0.0f));
+  // Not finite only for an infinite x, where there is nothing to correct (a NaN fails the comparison too).
+  const float correction = dlog * dz;
+  return 0.5f * g * e * (1.0f + (fabsf(correction) <= 3.402823466e38f ? correction : 0.0f));
 }
 
 template <int kKind>
