@@ -23,7 +23,10 @@ cmake --build "$BUILD" -j"${CMAKE_BUILD_PARALLEL_LEVEL:-2}"
 stage="$BUILD/stage/mlx_ggml_ext"
 rm -rf "$BUILD/stage"
 mkdir -p "$stage"
-for f in "$ROOT"/mlx_ggml_ext/*.py; do ln -s "$f" "$stage/"; done
+# Every source file and subpackage (models/) of the package, but not the dev build's module link.
+for f in "$ROOT"/mlx_ggml_ext/*; do
+  case "$f" in *.so|*/__pycache__) ;; *) ln -s "$f" "$stage/" ;; esac
+done
 ln -s "$BUILD"/_ext*.so "$stage/"
 
 libasan=$(g++ -print-file-name=libasan.so)
