@@ -99,7 +99,7 @@ NB_MODULE(_ext, m) {
         "Float tensor (..., K) as ggml blocks, uint8 (rows, bytes_per_row).");
 
   m.def("quantized_matmul", &quantized_matmul, "x"_a, "w"_a, "ggml_type"_a = -1, nb::kw_only(),
-        "stream"_a = nb::none(),
+        "stream"_a = nb::none(), "precise_x"_a = false,
         "x (..., K) @ W^T for W (N, K) given as ggml blocks (uint8 (N, row_bytes), with ggml_type) or floats.");
   m.def("mul_mat",
         [](const mx::array& a, int type, const std::vector<int>& a_shape, const mx::array& b, mx::StreamOrDevice s) {

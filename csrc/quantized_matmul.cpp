@@ -75,10 +75,10 @@ mx::array dense_product(const mx::array& x, const mx::array& w, int type, bool t
 }
 
 mx::array product_node(const mx::array& x, const mx::array& w, int type, bool transpose, mx::Dtype out_dtype,
-                       mx::StreamOrDevice s) {
+                       mx::StreamOrDevice s, bool precise_x = false) {
   auto stream = mx::to_stream(s);
   if (takes_dense_route(x, w, out_dtype, stream)) return dense_product(x, w, type, transpose, stream);
-  auto prim = std::make_shared<QuantizedMatmul>(stream, type, transpose, out_dtype);
+  auto prim = std::make_shared<QuantizedMatmul>(stream, type, transpose, out_dtype, precise_x && !transpose);
   std::vector<mx::array> inputs = {row_contiguous(x, stream), row_contiguous(w, stream)};
   auto shape = prim->output_shapes(inputs)[0];
   return mx::array(std::move(shape), out_dtype, std::move(prim), std::move(inputs));
@@ -136,7 +136,8 @@ mx::Shape padded_to_4d(const mx::Shape& shape) {
 
 }  // namespace
 
-mx::array quantized_matmul(const mx::array& x, const mx::array& w_blocks, int ggml_type, mx::StreamOrDevice s) {
+mx::array quantized_matmul(const mx::array& x, const mx::array& w_blocks, int ggml_type, mx::StreamOrDevice s,
+                           bool precise_x) {
   check_float_dtype(x, kOp, "x");
   if (x.ndim() == 0) throw std::invalid_argument(cat("[", kOp, "] x must have at least one dimension."));
   const auto w = weight_bytes(w_blocks, ggml_type, kOp, "w", s);
@@ -150,7 +151,7 @@ mx::array quantized_matmul(const mx::array& x, const mx::array& w_blocks, int gg
   }
   // x keeps its shape (so mx.compile(shapeless=True) can vary it); the weight is one unbatched matrix.
   auto w4 = reshape_shared(w.bytes, {1, 1, w.bytes.shape(0), static_cast<int>(row_bytes)}, s);
-  return product_node(x, w4, w.type, /*transpose=*/false, x.dtype(), s);
+  return product_node(x, w4, w.type, /*transpose=*/false, x.dtype(), s, precise_x);
 }
 
 mx::array mul_mat(const mx::array& a, int ggml_type, const mx::Shape& a_shape, const mx::array& b,
@@ -189,7 +190,7 @@ mx::array mul_mat(const mx::array& a, int ggml_type, const mx::Shape& a_shape, c
 
 bool QuantizedMatmul::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const QuantizedMatmul&>(other);
-  return type_ == o.type_ && transpose_ == o.transpose_ && out_dtype_ == o.out_dtype_;
+  return type_ == o.type_ && transpose_ == o.transpose_ && out_dtype_ == o.out_dtype_ && precise_x_ == o.precise_x_;
 }
 
 // mx.compile(shapeless=True) calls this with the shapes of each new call, bypassing the op's checks: the same
@@ -245,7 +246,7 @@ std::vector<mx::array> QuantizedMatmul::jvp(const std::vector<mx::array>& primal
   for (int arg : argnums) {
     if (arg != 0) throw_weight_not_differentiable("tangent");
   }
-  return {product_node(tangents[0], primals[1], type_, transpose_, out_dtype_, stream())};
+  return {product_node(tangents[0], primals[1], type_, transpose_, out_dtype_, stream(), precise_x_)};
 }
 
 std::pair<std::vector<mx::array>, std::vector<int>> QuantizedMatmul::vmap(const std::vector<mx::array>& inputs,
@@ -261,14 +262,14 @@ std::pair<std::vector<mx::array>, std::vector<int>> QuantizedMatmul::vmap(const 
       x = mx::moveaxis(x, x_axis, 0, s);
       x_axis = 0;
     }
-    return {{product_node(x, w, type_, transpose_, out_dtype_, s)}, {x_axis}};
+    return {{product_node(x, w, type_, transpose_, out_dtype_, s, precise_x_)}, {x_axis}};
   }
   if (w_axis < 0) {
     // Batched weights, x mapped: the mapped axis joins x's rows (M) within each batch.
     x = mx::moveaxis(x, x_axis, 2, s);  // (B3, B2, V, M, K)
     const int V = x.shape(2);
     auto x4 = mx::reshape(x, {x.shape(0), x.shape(1), V * x.shape(3), x.shape(4)}, s);
-    auto out = product_node(x4, w, type_, transpose_, out_dtype_, s);
+    auto out = product_node(x4, w, type_, transpose_, out_dtype_, s, precise_x_);
     return {{mx::reshape(out, {x.shape(0), x.shape(1), V, x.shape(3), out.shape(3)}, s)}, {2}};
   }
   // A batch of weights: the mapped axis becomes the outermost batch of both, (V * B3, ...) against
@@ -289,7 +290,7 @@ std::pair<std::vector<mx::array>, std::vector<int>> QuantizedMatmul::vmap(const 
     x4 = {V, 1, 1, rows, x_shape.back()};
   }
   auto w4 = mx::reshape(w, {V * w.shape(1), w.shape(2), w.shape(3), w.shape(4)}, s);
-  auto out = product_node(mx::reshape(x, {V * x4[1], x4[2], x4[3], x4[4]}, s), w4, type_, transpose_, out_dtype_, s);
+  auto out = product_node(mx::reshape(x, {V * x4[1], x4[2], x4[3], x4[4]}, s), w4, type_, transpose_, out_dtype_, s, precise_x_);
   mx::Shape out_shape = x_shape;
   out_shape.back() = out.shape(3);
   return {{mx::reshape(out, out_shape, s)}, {0}};

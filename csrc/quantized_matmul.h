@@ -8,7 +8,10 @@ namespace mlx_ggml_ext {
 
 // x: (..., K) float32/float16/bfloat16; w_blocks: uint8 (N, row_bytes) raw blocks of a ggml type (float
 // types included) for a weight of logical shape (N, K). Returns (..., N) in x's dtype, float32 accumulation.
-mx::array quantized_matmul(const mx::array& x, const mx::array& w_blocks, int ggml_type, mx::StreamOrDevice s = {});
+// precise_x: x enters the integer products in two int8 passes on the CPU (its codes, then those of their rounding
+// residual) and as floats on the GPU, instead of ggml's one int8 pass (see kernels/cpu/matmul.h).
+mx::array quantized_matmul(const mx::array& x, const mx::array& w_blocks, int ggml_type, mx::StreamOrDevice s = {},
+                           bool precise_x = false);
 
 // ggml_mul_mat in MLX order: a (A3, A2, M, K) as ggml blocks (uint8, last axis row bytes, `ggml_type`) or
 // a float array (ggml_type < 0: its dtype decides), b (B3, B2, N, K) float; fewer leading axes allowed.
@@ -27,8 +30,9 @@ mx::array mul_mat(const mx::array& a, int ggml_type, const mx::Shape& a_shape, c
 // out has dtype `out_dtype` (x's for quantized_matmul, float32 for mul_mat); sums in float32 or better.
 class QuantizedMatmul : public mx::UnaryPrimitive {
  public:
-  QuantizedMatmul(mx::Stream stream, int ggml_type, bool transpose, mx::Dtype out_dtype)
-      : mx::UnaryPrimitive(stream), type_(ggml_type), transpose_(transpose), out_dtype_(out_dtype) {}
+  QuantizedMatmul(mx::Stream stream, int ggml_type, bool transpose, mx::Dtype out_dtype, bool precise_x = false)
+      : mx::UnaryPrimitive(stream), type_(ggml_type), transpose_(transpose), out_dtype_(out_dtype),
+        precise_x_(precise_x) {}
 
   MLX_GGML_EXT_EVAL_OVERRIDES
   // x is differentiable (vjp: the transposed product on the same blocks); the weight's bytes are not (a clear
@@ -41,11 +45,13 @@ class QuantizedMatmul : public mx::UnaryPrimitive {
 
   int ggml_type() const { return type_; }
   bool transpose() const { return transpose_; }
+  bool precise_x() const { return precise_x_; }
 
  private:
   int type_;
   bool transpose_;
   mx::Dtype out_dtype_;
+  bool precise_x_;  // x in two int8 passes (CPU) / as floats (GPU): quantized_matmul's precise_x
 };
 
 }  // namespace mlx_ggml_ext

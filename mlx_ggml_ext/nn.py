@@ -25,11 +25,14 @@ class GGMLLinear(nn.Module):
 
     The weight's bytes are a frozen parameter (``weight``, uint8 ``(N, bytes_per_row)``), so
     ``trainable_parameters()`` holds only the bias and gradients flow to x: a float adapter (e.g. LoRA)
-    can train on top of the quantized base.
+    can train on top of the quantized base. ``precise_x``: as in :func:`mlx_ggml_ext.ops.quantized_matmul`.
     """
 
-    def __init__(self, weight: GGMLTensor, bias: Optional[mx.array] = None):
+    def __init__(self, weight: GGMLTensor, bias: Optional[mx.array] = None, *, precise_x: bool = False):
         super().__init__()
+        if not isinstance(precise_x, bool):
+            raise TypeError(f"precise_x must be a bool, got {type(precise_x).__name__}")
+        self.precise_x = precise_x
         self.output_dims, self.input_dims = _matrix_shape(weight, "(output_dims, input_dims)")
         self.ggml_type = weight.ggml_type
         self.weight = weight.data
@@ -60,10 +63,11 @@ class GGMLLinear(nn.Module):
 
     def _extra_repr(self) -> str:
         return (f"input_dims={self.input_dims}, output_dims={self.output_dims}, "
-                f"ggml_type={GGMLType(self.ggml_type).name}, bias={'bias' in self}")
+                f"ggml_type={GGMLType(self.ggml_type).name}, bias={'bias' in self}"
+                + (", precise_x=True" if self.precise_x else ""))
 
     def __call__(self, x: mx.array) -> mx.array:
-        y = _ext.quantized_matmul(x, self.weight, int(self.ggml_type))
+        y = _ext.quantized_matmul(x, self.weight, int(self.ggml_type), precise_x=self.precise_x)
         return y + self["bias"] if "bias" in self else y
 
 
@@ -72,8 +76,11 @@ class GGMLEmbedding(nn.Module):
     those (never the whole table); :meth:`as_linear` computes a tied output head, ``x @ table^T``, on the
     blocks themselves. The table is a frozen parameter like :class:`GGMLLinear`'s weight."""
 
-    def __init__(self, weight: GGMLTensor, dtype: mx.Dtype = mx.float32):
+    def __init__(self, weight: GGMLTensor, dtype: mx.Dtype = mx.float32, *, precise_x: bool = False):
         super().__init__()
+        if not isinstance(precise_x, bool):
+            raise TypeError(f"precise_x must be a bool, got {type(precise_x).__name__}")
+        self.precise_x = precise_x  # as_linear's default
         self.num_embeddings, self.dims = _matrix_shape(weight, "(num_embeddings, dims)")
         self.ggml_type = weight.ggml_type
         self.dtype = dtype
@@ -98,9 +105,11 @@ class GGMLEmbedding(nn.Module):
         out = _ext.dequantize(rows, int(self.ggml_type), [flat.size, self.dims], self.dtype)
         return out.reshape(*ids.shape, self.dims)
 
-    def as_linear(self, x: mx.array) -> mx.array:
-        """``x @ table^T`` (a tied output head), on the blocks."""
-        return _ext.quantized_matmul(x, self.weight, int(self.ggml_type))
+    def as_linear(self, x: mx.array, *, precise_x: Optional[bool] = None) -> mx.array:
+        """``x @ table^T`` (a tied output head), on the blocks (``precise_x``: see :class:`GGMLLinear`; by
+        default the one given to the constructor)."""
+        precise = self.precise_x if precise_x is None else precise_x
+        return _ext.quantized_matmul(x, self.weight, int(self.ggml_type), precise_x=precise)
 
 
 NameMap = Union[Mapping[str, str], Callable[[str], Optional[str]]]

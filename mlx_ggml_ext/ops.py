@@ -126,7 +126,7 @@ def quantize(w: mx.array, ggml_type, *, stream: Stream = None) -> mx.array:
     return _ext.quantize(w, int(GGMLType.of(ggml_type)), stream=stream)
 
 
-def quantized_matmul(x: mx.array, w: Union[GGMLTensor, mx.array], ggml_type=None, *,
+def quantized_matmul(x: mx.array, w: Union[GGMLTensor, mx.array], ggml_type=None, *, precise_x: bool = False,
                      stream: Stream = None) -> mx.array:
     """``x @ dequantize(w).T`` computed on the packed ggml blocks (the float matrix is never materialized,
     except on CUDA for more than 8 rows of float16/bfloat16 x: see below).
@@ -139,18 +139,25 @@ def quantized_matmul(x: mx.array, w: Union[GGMLTensor, mx.array], ggml_type=None
     vmap over x and over a batch of weights, and mx.compile. On a CUDA GPU, from 9 rows of float16/bfloat16 x
     per weight matrix (``MLX_GGML_EXT_CUDA_DENSE_ROWS``; 0: never) the product is the weight dequantized to x's
     dtype (a temporary of N x K elements) times ``mx.matmul``, 3-4x faster than the tiles on the blocks.
+
+    ``precise_x=True``: x enters in two int8 passes on the CPU (its codes, then the codes of their rounding
+    residual), which cuts the error from x's rounding about 250-fold, and as floats on the GPU; for outputs
+    that decide a token (an output head), at up to twice the integer work of the product.
     """
     _require_array("x", x)
+    if not isinstance(precise_x, bool):
+        raise TypeError(f"precise_x must be a bool, got {type(precise_x).__name__}")
     if isinstance(w, GGMLTensor):
         if ggml_type is not None and GGMLType.of(ggml_type) != w.ggml_type:
             raise ValueError(f"ggml_type {GGMLType.of(ggml_type).name} does not match the tensor's "
                              f"{w.ggml_type.name}")
         if len(w.shape) != 2:
             raise ValueError(f"w must be a 2-D weight (N, K), got a tensor of shape {w.shape}")
-        return _ext.quantized_matmul(x, w.data, int(w.ggml_type), stream=stream)
+        return _ext.quantized_matmul(x, w.data, int(w.ggml_type), stream=stream, precise_x=precise_x)
     if not isinstance(w, mx.array):
         raise TypeError(f"w must be a GGMLTensor or an mlx.core.array, got {type(w).__name__}")
-    return _ext.quantized_matmul(x, w, -1 if ggml_type is None else int(GGMLType.of(ggml_type)), stream=stream)
+    return _ext.quantized_matmul(x, w, -1 if ggml_type is None else int(GGMLType.of(ggml_type)), stream=stream,
+                                 precise_x=precise_x)
 
 
 def mul_mat(a: Union[GGMLTensor, mx.array], b: mx.array, *, stream: Stream = None) -> mx.array:

@@ -174,6 +174,30 @@ def test_no_less_accurate_than_ggmls_cpu_scheme(t):
     assert ours <= 1.1 * theirs, f"{t.name}: ours {ours:.3e}, ggml's scheme {theirs:.3e}"
 
 
+@pytest.mark.parametrize("t", QUANT_TYPES, ids=lambda t: t.name)
+def test_precise_x_takes_x_with_its_rounding_residual(cpu_isa, t):
+    """precise_x: x in two int8 passes (codes, then the codes of what they left out) on every CPU kernel
+    variant: the error against exact math falls by orders of magnitude on x with outliers, for one row of x,
+    a few, and more than a tile (pairs of rows of activations per row of x); the layer and the tied head
+    take it too."""
+    rng = np.random.default_rng(11 + int(t))
+    n, k = 40, 512
+    data, dense = blocks_and_matrix(rng, t, n, k)
+    w = GGMLTensor(mx.array(data), t, (n, k))
+    for m in (1, 3, 9):
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        x[:, ::37] *= 20.0
+        exact = x.astype(np.float64) @ dense.T
+        one_pass = nmse(to_numpy(ops.quantized_matmul(mx.array(x), w)), exact)
+        y = ops.quantized_matmul(mx.array(x), w, precise_x=True)
+        two_pass = nmse(to_numpy(y), exact)
+        assert two_pass <= max(one_pass / 1000, 1e-12), (t.name, m, one_pass, two_pass)
+    layer = GGMLLinear(w, precise_x=True)
+    assert np.array_equal(to_numpy(layer(mx.array(x))), to_numpy(y))
+    from mlx_ggml_ext.nn import GGMLEmbedding
+    assert np.array_equal(to_numpy(GGMLEmbedding(w, precise_x=True).as_linear(mx.array(x))), to_numpy(y))
+
+
 @pytest.mark.parametrize("t", [GGMLType.Q4_0, GGMLType.Q4_K, GGMLType.Q6_K], ids=lambda t: t.name)
 @pytest.mark.parametrize("transpose", [False, True], ids=["forward", "x_grad"])
 def test_never_materializes_the_dequantized_weight(t, transpose):

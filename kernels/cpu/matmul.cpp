@@ -118,11 +118,14 @@ int64_t padded_rows(int64_t M) { return (M + kTileRows - 1) / kTileRows * kTileR
 // Walks the (row tile, weight row) pairs of the forward product over the thread pool: weight rows split
 // across threads, each thread's rows taken in cache-sized slices, every row tile of x against each slice, and
 // K in segments whose activations stay in L2 (`act_bytes` per element and row) while the weights stream.
+// `fold` rows of activations make one row of the output (2 for x with its residual: a pair never straddles a
+// tile, whose height is even).
 template <class DotTile>
-void forward_tiles(const MatmulArgs& a, int64_t row_bytes, int64_t act_bytes, DotTile&& dot_tile) {
+void forward_tiles(const MatmulArgs& a, int64_t row_bytes, int64_t act_bytes, DotTile&& dot_tile, int fold = 1) {
+  const int64_t M = a.M * fold;
   const int64_t slice = std::max<int64_t>(1, kL2WeightBytes / std::max<int64_t>(1, row_bytes));
   const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 15) / std::max<int64_t>(1, a.K));
-  const int64_t tile_rows = std::min<int64_t>(kTileRows, a.M);
+  const int64_t tile_rows = std::min<int64_t>(kTileRows, M);
   const int64_t segment = std::max<int64_t>(kSegmentAlign, kActivationBytes / (tile_rows * act_bytes) /
                                                                kSegmentAlign * kSegmentAlign);
   GGML_EXT_FLOAT_SWITCH(a.out_type, Out, {
@@ -132,8 +135,8 @@ void forward_tiles(const MatmulArgs& a, int64_t row_bytes, int64_t act_bytes, Do
       std::vector<float> sums(std::min(slice, n1 - n0) * kTileRows);
       for (int64_t s0 = n0; s0 < n1; s0 += slice) {
         const int64_t s1 = std::min(n1, s0 + slice);
-        for (int64_t m0 = 0; m0 < a.M; m0 += kTileRows) {
-          const int64_t rows = std::min<int64_t>(kTileRows, a.M - m0);
+        for (int64_t m0 = 0; m0 < M; m0 += kTileRows) {
+          const int64_t rows = std::min<int64_t>(kTileRows, M - m0);
           std::fill(sums.begin(), sums.end(), 0.0f);
           for (int64_t k0 = 0; k0 < a.K; k0 += segment) {
             for (int64_t n = s0; n < s1; ++n) {
@@ -142,12 +145,32 @@ void forward_tiles(const MatmulArgs& a, int64_t row_bytes, int64_t act_bytes, Do
             }
           }
           for (int64_t n = s0; n < s1; ++n) {
-            for (int64_t r = 0; r < rows; ++r) out[(m0 + r) * a.N + n] = Out::from_f32(sums[(n - s0) * kTileRows + r]);
+            const float* tile_sums = sums.data() + (n - s0) * kTileRows;
+            for (int64_t r = 0; r < rows; r += fold) {
+              const float sum = fold == 2 ? tile_sums[r] + tile_sums[r + 1] : tile_sums[r];
+              out[(m0 + r) / fold * a.N + n] = Out::from_f32(sum);
+            }
           }
         }
       }
     });
   });
+}
+
+// Every (row tile, weight row) of the forward product through the row dot Dot<Q, MR, kOffset>, on activations
+// already quantized (act_bytes: their bytes per element and row; fold: activation rows per output row).
+template <template <class, int, bool> class Dot, class Q, bool kOffset, class Act, class Codes>
+void forward_on_codes(const MatmulArgs& a, const Act& act, const Codes& codes, int64_t act_bytes, int fold) {
+  const int64_t row_bytes = a.K / Q::kQK * sizeof(typename Q::B);
+  const auto* w = static_cast<const uint8_t*>(a.w);
+  forward_tiles(
+      a, row_bytes, act_bytes,
+      [&](int64_t n, int64_t m0, int64_t rows, int64_t k0, int64_t k1, float* res) {
+        with_tile(rows, [&]<int MR>() {
+          Dot<Q, MR, kOffset>(act, m0, codes).run(w + n * row_bytes, k0 / Q::kQK, k1 / Q::kQK, res);
+        });
+      },
+      fold);
 }
 
 // The forward product on quantized activations: x's rows quantized into `act` (quantize_row, rows over the
@@ -162,14 +185,21 @@ void forward_on_rows(const MatmulArgs& a, Act&& act, const Codes& codes, int64_t
       for (int64_t m = m0; m < m1; ++m) quantize_row<In>(x + m * a.K, a.K, act, m);
     });
   });
-  const int64_t row_bytes = a.K / Q::kQK * sizeof(typename Q::B);
-  const auto* w = static_cast<const uint8_t*>(a.w);
-  forward_tiles(a, row_bytes, act_bytes, [&](int64_t n, int64_t m0, int64_t rows, int64_t k0, int64_t k1,
-                                             float* res) {
-    with_tile(rows, [&]<int MR>() {
-      Dot<Q, MR, kOffset>(act, m0, codes).run(w + n * row_bytes, k0 / Q::kQK, k1 / Q::kQK, res);
+  forward_on_codes<Dot, Q, kOffset>(a, act, codes, act_bytes, 1);
+}
+
+// The same on x with its residual (MatmulArgs::precise_x): two rows of activations per row of x, in groups.
+template <class Q, bool kOffset>
+void forward_with_residual(const MatmulArgs& a) {
+  QuantizedRows act;
+  act.resize(2 * a.M, a.K);
+  GGML_EXT_FLOAT_SWITCH(a.x_type, In, {
+    const auto* x = static_cast<const typename In::T*>(a.x);
+    parallel_for(a.M, std::max<int64_t>(1, 8192 / a.K), [&](int64_t m0, int64_t m1) {
+      for (int64_t m = m0; m < m1; ++m) quantize_row_with_residual<In>(x + m * a.K, a.K, act, m);
     });
   });
+  forward_on_codes<RowDot, Q, kOffset>(a, act, RowCodes<Q, kOffset>{}, sizeof(ActRecord) / kGroup, 2);
 }
 
 #if defined(__AVX512VNNI__) && defined(__AVX512VBMI__)
@@ -183,6 +213,7 @@ void forward_spans(const MatmulArgs& a) {
 
 template <class Q, bool kOffset>
 void forward_quantized(const MatmulArgs& a) {
+  if (a.precise_x) return forward_with_residual<Q, kOffset>(a);
 #if defined(__AVX512VNNI__) && defined(__AVX512VBMI__)
   // Spans pay once the per-row float work outweighs their decode: from 2 rows of x; for Q8_0, whose split gathers
   // cost more, from 5. Q8_0 in 256-element spans against the 128-element ones they replaced (this 2-core VM,

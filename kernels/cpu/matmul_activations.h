@@ -160,25 +160,62 @@ float quantize_block(const typename Fmt::T* x, int64_t n, float* v, int8_t* q, f
   return scale;
 }
 
+// One block of row `row` (n <= 32 elements from k0): its codes, scale and sums into `a`; v gets its values as
+// float32 and codes their codes (both zero-padded to 32). Returns the scale.
+template <class Fmt>
+float quantize_row_block(const typename Fmt::T* x, int64_t n, int64_t k0, QuantizedRows& a, int64_t row, float* v,
+                         float* codes) {
+  const int64_t part = k0 % kGroup;
+  ActRecord& r = a.rec[a.at(row, k0 / kGroup)];
+  const float scale = quantize_block<Fmt>(x, n, v, r.q + part, codes);
+  r.d[part / kActBlock] = scale;
+  float block_x = 0.0f, block_q = 0.0f;
+  for (int c = 0; c < kActBlock / 16; ++c) {
+    const int64_t at = row * a.chunks + k0 / 16 + c;
+    a.chunk_x[at] = fold_sum<16>(v + 16 * c);
+    a.chunk_q[at] = fold_sum<16>(codes + 16 * c) * scale;  // integers: the sum is exact
+    block_x += a.chunk_x[at];
+    block_q += a.chunk_q[at];
+  }
+  const int64_t block = row * a.chunks / 2 + k0 / kActBlock;
+  a.block_x[block] = block_x;
+  a.block_residual[block] = block_x - block_q;
+  return scale;
+}
+
 template <class Fmt>
 void quantize_row(const typename Fmt::T* x, int64_t K, QuantizedRows& a, int64_t row) {
   for (int64_t k0 = 0; k0 < K; k0 += kActBlock) {
     float v[kActBlock], codes[kActBlock];
-    const int64_t part = k0 % kGroup;
-    ActRecord& r = a.rec[a.at(row, k0 / kGroup)];
-    const float scale = quantize_block<Fmt>(x + k0, std::min<int64_t>(kActBlock, K - k0), v, r.q + part, codes);
-    r.d[part / kActBlock] = scale;
-    float block_x = 0.0f, block_q = 0.0f;
+    quantize_row_block<Fmt>(x + k0, std::min<int64_t>(kActBlock, K - k0), k0, a, row, v, codes);
+  }
+}
+
+// x in two passes (MatmulArgs::precise_x): row 2m gets x's codes as above, row 2m + 1 the codes of what their
+// rounding left out (r = x - d q, per block), so a pair of rows adds up to x within about 1/254 of one pass's
+// rounding error. Every row dot is linear in its row's codes and exact sums: per chunk
+//     dot = sum(weight codes * codes * scales) + alpha * X + beta * Q
+// (X: the exact float sum that offsets and centers multiply, Q: the codes' sum times their scale; exact when
+// the codes are exact, X = Q). Row 2m's exact sum X already covers the residual R = X - Q, so row 2m + 1's
+// exact sums are set to its Q less R: the pair then adds to the weights applied to (codes + residual codes),
+// whatever alpha and beta a format's dot uses.
+template <class Fmt>
+void quantize_row_with_residual(const typename Fmt::T* x, int64_t K, QuantizedRows& a, int64_t m) {
+  const int64_t row = 2 * m, res_row = row + 1;
+  for (int64_t k0 = 0; k0 < K; k0 += kActBlock) {
+    const int64_t n = std::min<int64_t>(kActBlock, K - k0);
+    float v[kActBlock], codes[kActBlock], residual[kActBlock], res_v[kActBlock], res_codes[kActBlock];
+    const float scale = quantize_row_block<Fmt>(x + k0, n, k0, a, row, v, codes);
+    for (int j = 0; j < kActBlock; ++j) residual[j] = v[j] - scale * codes[j];
+    quantize_row_block<F32>(residual, n, k0, a, res_row, res_v, res_codes);
     for (int c = 0; c < kActBlock / 16; ++c) {
-      const int64_t at = row * a.chunks + k0 / 16 + c;
-      a.chunk_x[at] = fold_sum<16>(v + 16 * c);
-      a.chunk_q[at] = fold_sum<16>(codes + 16 * c) * scale;  // integers: the sum is exact
-      block_x += a.chunk_x[at];
-      block_q += a.chunk_q[at];
+      const int64_t at = row * a.chunks + k0 / 16 + c, res_at = res_row * a.chunks + k0 / 16 + c;
+      a.chunk_x[res_at] = a.chunk_q[res_at] - (a.chunk_x[at] - a.chunk_q[at]);
     }
-    const int64_t block = row * a.chunks / 2 + k0 / kActBlock;
-    a.block_x[block] = block_x;
-    a.block_residual[block] = block_x - block_q;
+    const int64_t block = row * a.chunks / 2 + k0 / kActBlock, res_block = res_row * a.chunks / 2 + k0 / kActBlock;
+    const float res_q = a.block_x[res_block] - a.block_residual[res_block];
+    a.block_x[res_block] = res_q - a.block_residual[block];
+    a.block_residual[res_block] = -a.block_residual[block];
   }
 }
 

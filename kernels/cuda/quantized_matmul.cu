@@ -6,8 +6,8 @@
 namespace ggml_ext::cuda {
 
 QuantizedMatmulPlan quantized_matmul_plan(const QuantizedMatmulArgs& args, int ggml_type, FloatType x_type,
-                                          bool transpose) {
-  if (!transpose && args.m <= kDecodeMaxM) {
+                                          bool transpose, bool float_x) {
+  if (!transpose && !float_x && args.m <= kDecodeMaxM) {
     QuantizedMatmulPlan p = decode_plan(args, ggml_type, x_type);
     if (p.steps[0].kernel) return p;
   }

@@ -46,9 +46,11 @@ def _with_softcap(model_class):
     return SoftcappedModel
 
 
-def build_model(gguf_file: _gguf.GGUFFile, progress: Progress = None, fused_ops: bool = True) -> nn.Module:
+def build_model(gguf_file: _gguf.GGUFFile, progress: Progress = None, fused_ops: bool = True,
+                precise_head: bool = True) -> nn.Module:
     """The mlx-lm model of an already loaded GGUFFile (its tensors stay in the file's mapping). With `fused_ops`,
-    attention and the gated feed-forward run on the package's kernels where they have one (models/fused.py)."""
+    attention and the gated feed-forward run on the package's kernels where they have one (models/fused.py).
+    With `precise_head`, the output head (tied or not) takes x with its rounding residual (`precise_x`)."""
     tensors = gguf_file.tensors
     config = model_config(gguf_file.metadata, {name: t.shape for name, t in tensors.items()})
     model_class, args_class = _mlx_lm_classes(config)
@@ -64,7 +66,7 @@ def build_model(gguf_file: _gguf.GGUFFile, progress: Progress = None, fused_ops:
     if config.architecture == "gemma3" and config.tied_output:
         model.tie_word_embeddings = True  # what mlx-lm's sanitize does for a checkpoint without lm_head
         model.pop("lm_head")
-    attach_weights(model, tensors, config.architecture, progress)
+    attach_weights(model, tensors, config.architecture, progress, precise_head=precise_head)
     if "rope_freqs.weight" in tensors:
         if config.architecture != "llama":
             raise NotImplementedError(f"{config.architecture}: rope_freqs.weight is only supported for llama")
@@ -77,16 +79,18 @@ def build_model(gguf_file: _gguf.GGUFFile, progress: Progress = None, fused_ops:
     return model
 
 
-def load(path: "str | os.PathLike", *, tokenizer: bool = True, progress: Progress = None, fused_ops: bool = True
-         ) -> Tuple[nn.Module, Optional[object]]:
+def load(path: "str | os.PathLike", *, tokenizer: bool = True, progress: Progress = None, fused_ops: bool = True,
+         precise_head: bool = True) -> Tuple[nn.Module, Optional[object]]:
     """`(model, tokenizer)` for a GGUF file: the model as above, the tokenizer an mlx-lm TokenizerWrapper
     built from the file's vocabulary (None when `tokenizer=False`). `progress(done, total)` is called as the
-    model's modules receive their tensors.
+    model's modules receive their tensors. `precise_head` (default): the output head's products take x in two
+    int8 passes on the CPU (ggml's one pass loses about 1 top-1 token in 20 to a float64 forward on Gemma 3;
+    docs/models.md), at about a third more time for the head at decode.
 
     Raises NotImplementedError for an architecture other than llama, qwen2, qwen3, gemma3, phi3."""
     gguf_file = _gguf.load(path)
     architecture_of(gguf_file.metadata)  # the clear error before anything else
-    model = build_model(gguf_file, progress, fused_ops)
+    model = build_model(gguf_file, progress, fused_ops, precise_head)
     tok = None
     if tokenizer:
         from ..tokenizer import load_tokenizer

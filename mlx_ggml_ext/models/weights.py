@@ -80,9 +80,10 @@ def _is_norm(module: nn.Module) -> bool:
 
 
 def attach_weights(model: nn.Module, tensors: Mapping[str, GGMLTensor], architecture: str,
-                   progress: Optional[Callable[[int, int], None]] = None) -> None:
+                   progress: Optional[Callable[[int, int], None]] = None, *, precise_head: bool = False) -> None:
     """Replaces `model`'s embedding, Linear and norm modules by ones over `tensors`; every tensor of the
-    file must find its module and every module its tensor."""
+    file must find its module and every module its tensor. `precise_head`: the output head (`output`, or the
+    token table as a tied head) takes x with its rounding residual (GGMLLinear's precise_x)."""
     used = set(name for name in _READ_ELSEWHERE if name in tensors)
     targets = [(p, m) for p, m in model.named_modules() if gguf_name(p, architecture) is not None]
     replacements = []
@@ -96,7 +97,7 @@ def attach_weights(model: nn.Module, tensors: Mapping[str, GGMLTensor], architec
         if isinstance(module, nn.Embedding):
             if tuple(tensor.shape) != tuple(module.weight.shape):
                 raise ValueError(f"{weight_name} has shape {tensor.shape}, the embedding {tuple(module.weight.shape)}")
-            replacements.append((path, GGMLEmbedding(tensor)))
+            replacements.append((path, GGMLEmbedding(tensor, precise_x=precise_head)))
         elif isinstance(module, nn.Linear):
             bias = None
             if bias_name in tensors:
@@ -108,7 +109,7 @@ def attach_weights(model: nn.Module, tensors: Mapping[str, GGMLTensor], architec
             if ("bias" in module) != (bias is not None):
                 raise ValueError(f"{path}: the model {'expects' if 'bias' in module else 'has no'} a bias, and "
                                  f"the file {'has' if bias is not None else 'lacks'} {bias_name}")
-            replacements.append((path, GGMLLinear(tensor, bias)))
+            replacements.append((path, GGMLLinear(tensor, bias, precise_x=precise_head and name == "output")))
         elif _is_norm(module):
             replacements.append((path, _norm(module, float_vector(tensor, weight_name), path)))
         else:

@@ -27,7 +27,7 @@ void QuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& 
   const int64_t x_cols = x.shape(-1), out_cols = out.shape(-1), M = x.size() / (B3 * B2 * x_cols);
   const int64_t N = w.shape(2), row_bytes = w.shape(3);
   ggml_ext::cpu::MatmulArgs args{nullptr, float_type(x.dtype()), nullptr, type_, nullptr, float_type(out.dtype()),
-                                 M, N, transpose_ ? out_cols : x_cols, transpose_};
+                                 M, N, transpose_ ? out_cols : x_cols, transpose_, precise_x_};
   const auto* xp = x.data<uint8_t>();
   const auto* wp = w.data<uint8_t>();
   auto* op = out.data<uint8_t>();

@@ -44,7 +44,8 @@ void QuantizedMatmul::eval_gpu(const std::vector<mx::array>& inputs, mx::array& 
                                            b2 / w.shape(1),
                                            b3 / w.shape(0),
                                            out.dtype() == mx::float32 && x.dtype() != mx::float32};
-  const auto plan = ggml_ext::cuda::quantized_matmul_plan(args, type_, float_type(x.dtype()), transpose_);
+  // precise_x: x as floats, on the tiles (the decode route quantizes x to int8).
+  const auto plan = ggml_ext::cuda::quantized_matmul_plan(args, type_, float_type(x.dtype()), transpose_, precise_x_);
   if (plan.workspace_bytes == 0) {
     cuda::launch(enc, plan.steps[0], args);  // throws when there is no kernel for this case
     return;
