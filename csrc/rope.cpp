@@ -245,9 +245,11 @@ mx::array rope(const mx::array& x, int offset, const RopeParams& params,
   if (static_cast<int64_t>(offset) + tokens - 1 > std::numeric_limits<int32_t>::max()) {
     throw std::invalid_argument(cat("[", kOp, "] offset ", offset, " + T (", tokens, ") overflows int32 positions."));
   }
-  // offset + arange(T), added in int32: arange(offset, offset + T) would compute offset + T, which overflows int
-  // when the last position is 2^31 - 1.
-  const auto positions = mx::add(mx::arange(tokens, s), mx::array(offset, mx::int32), s);
+  // offset + arange(T): one arange node where offset + T fits an int, else arange(T) + offset added in int32
+  // (the last position may be 2^31 - 1, where offset + T overflows).
+  const bool fits_int = static_cast<int64_t>(offset) + tokens <= std::numeric_limits<int32_t>::max();
+  const auto positions = fits_int ? mx::arange(offset, offset + tokens, s)
+                                  : mx::add(mx::arange(tokens, s), mx::array(offset, mx::int32), s);
   return rope(x, positions, params, freq_factors, s);
 }
 

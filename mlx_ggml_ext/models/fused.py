@@ -1,4 +1,4 @@
-"""The package's fused CPU ops inside mlx-lm's model classes: attention and the gated feed-forward.
+"""The package's fused CPU ops inside mlx-lm's model classes: attention, the gated feed-forward and RoPE.
 
 On the CPU, MLX's own attention (mx.fast.scaled_dot_product_attention falls back to single-threaded matmuls there)
 and the feed-forward's activation (several single-threaded elementwise passes) took most of a prefill's time;
@@ -22,6 +22,7 @@ import mlx.nn as nn
 from mlx_lm.models import base as _mlx_lm_base
 
 from .. import _ext, ops
+from .rope import GGMLRoPE
 
 _mlx_lm_attention = _mlx_lm_base.scaled_dot_product_attention
 _active = threading.local()
@@ -70,10 +71,12 @@ GLU_KIND = {"llama": "swiglu", "qwen2": "swiglu", "qwen3": "swiglu", "phi3": "sw
 
 
 def use_fused_ops(model: nn.Module, architecture: str, mlx_lm_module: str) -> None:
-    """Swaps each layer's feed-forward for a GatedMLP and routes the architecture's attention through
-    `_dispatching_attention` (see the module docstring)."""
+    """Swaps each layer's feed-forward for a GatedMLP and MLX's plain rotary embedding for GGMLRoPE, and routes
+    the architecture's attention through `_dispatching_attention` (see the module docstring)."""
     for layer in model.layers:
         layer.mlp = GatedMLP(layer.mlp, GLU_KIND[architecture])
+        if type(getattr(layer.self_attn, "rope", None)) is nn.RoPE:  # not the subclasses with scalings of their own
+            layer.self_attn.rope = GGMLRoPE(layer.self_attn.rope)
     module = importlib.import_module(f"mlx_lm.models.{mlx_lm_module}")
     module.scaled_dot_product_attention = _dispatching_attention
 
