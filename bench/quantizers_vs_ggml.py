@@ -1,7 +1,8 @@
 """Reconstruction error of ops.quantize against ggml's own quantizers (and against the numpy transcription of
 ggml's reference algorithms the tests use, tests/ggml_reference_quantizers.py), per type and data
 distribution, without and with an importance matrix. Prints a markdown table of NMSE = sum(w*(y-x)^2) /
-sum(w*x^2) (w = the importance matrix's column weight in the "imatrix" rows, else 1).
+sum(w*x^2) over all rows (w = the importance matrix's column weight in the imatrix columns, else 1); "ours,
+none" is the quantizer run without the matrix and scored with it.
 
 ggml is not a dependency: pass a built libggml-base.so (any llama.cpp / ggml build) with --ggml-lib; its
 ggml_quantize_chunk(type, src, dst, start, nrows, n_per_row, imatrix) is called through ctypes. Local only:
@@ -58,22 +59,28 @@ def main():
     rng = np.random.default_rng(1)
     sets = {name: x.astype(np.float32) for name, x in data(rng, args.rows, args.k).items()}
     imatrix = np.exp(1.5 * rng.standard_normal(args.k)).astype(np.float32)
-    print("| type | data | imatrix | ours | numpy ref | ggml | ours/ggml |\n|---|---|---|---|---|---|---|")
+    print("| type | data | ours | numpy ref | ggml | ours, imatrix | ours, none | numpy ref, imatrix | ggml, imatrix |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name in TYPES:
         t = GGMLType[name]
         for dname, x in sets.items():
+            plain, weighted = [], []
             for im in (None, imatrix):
-                w = np.ones(args.k) if im is None else im.astype(np.float64)
                 ours = quants.dequantize(np.array(ops.quantize(mx.array(x), t, imatrix=None if im is None else
                                                                mx.array(im), stream=mx.cpu)),
                                          GGMLQuantizationType(int(t)))
                 theirs = ggml_quantize(lib, t, x, im)
                 ref = ggml_ref.QUANTIZERS[name](x, im) if name in ggml_ref.QUANTIZERS else None
-                a, g = nmse(ours, x, w), nmse(theirs, x, w)
-                r = "" if ref is None else f"{nmse(ref, x, w):.6f}"
-                print(f"| {name} | {dname} | {'yes' if im is not None else 'no'} | {a:.6f} | {r} | {g:.6f} | "
-                      f"{a / g:.3f} |", flush=True)
-
+                w = np.ones(args.k) if im is None else im.astype(np.float64)
+                cells = plain if im is None else weighted
+                cells.append(nmse(ours, x, w))
+                if im is not None:
+                    cells.append(nmse(plain_ours, x, w))  # the quantizer without the matrix, scored with it
+                cells.append(None if ref is None else nmse(ref, x, w))
+                cells.append(nmse(theirs, x, w))
+                plain_ours = ours
+            print(f"| {name} | {dname} | " + " | ".join("-" if c is None else f"{c:.6f}" for c in plain + weighted)
+                  + " |", flush=True)
 
 if __name__ == "__main__":
     main()

@@ -293,14 +293,15 @@ struct UniformGrid {  // integers -N .. N-1 (Q3_K: N = 4, Q6_K: N = 32)
 
 struct NonlinearGrid {  // IQ4_NL / IQ4_XS: the 16 values of ggml_ext_iq4nl_value, -127 .. 113
   static constexpr float kLo = -127.0f, kHi = 113.0f, kDelta = 1.0f;
-  static constexpr int kStepLo = -16, kStepHi = 8;
+  static constexpr int kStepLo = -10, kStepHi = 4;
   static v16f snap(v16f v) {  // -127 plus every gap whose midpoint v reaches (ties go up)
-    v16f q = v16f{} + kLo;
+    // Four independent sums (not one chain of 15 selects); the terms are small integers, so exact in any order.
+    v16f acc[4] = {v16f{} + kLo, v16f{}, v16f{}, v16f{}};
     for (int k = 0; k < 15; ++k) {
       const float lo = value(k), hi = value(k + 1);
-      q = v >= 0.5f * (lo + hi) ? q + (hi - lo) : q;
+      acc[k % 4] += v >= 0.5f * (lo + hi) ? v16f{} + (hi - lo) : v16f{};
     }
-    return q;
+    return (acc[0] + acc[1]) + (acc[2] + acc[3]);
   }
   static int code(float v) {
     int k = 0;
@@ -370,24 +371,26 @@ SymmetricFit search_symmetric(const SubBlock<V>& s) {
   return best;
 }
 
-// Error of the sub-block decoded as dl * (grid value), each element at its nearest grid value.
+// Error of the sub-block decoded as dl * (grid value), each element at its nearest grid value (returned in
+// `values`; the codes are looked up once, for the values kept).
 template <class Grid, int V>
-float symmetric_error(const SubBlock<V>& s, float dl, int* codes) {
+float symmetric_error(const SubBlock<V>& s, float dl, float* values) {
   v16f e = {};
   for (int v = 0; v < V; ++v) {
     const v16f Q = Grid::snap(dl != 0.0f ? s.x[v] / dl : v16f{});
     const v16f r = dl * Q - s.x[v];
     e += s.w[v] * r * r;
-    for (int i = 0; i < 16; ++i) codes[16 * v + i] = Grid::code(Q[i]);
+    std::memcpy(values + 16 * v, &Q, sizeof Q);
   }
   return sum16(e);
 }
 
 template <class Grid, int NS, int V, int kScaleLo, int kScaleHi>
-float assign_symmetric(const SubBlock<V> (&subs)[NS], const SymmetricFit* fits, float d, int* sc, int* codes) {
+float assign_symmetric(const SubBlock<V> (&subs)[NS], const SymmetricFit* fits, float d, int* sc, float* values) {
   float total = 0.0f;
   for (int j = 0; j < NS; ++j) {
-    int cs[5], trial[16 * V];
+    int cs[5];
+    float trial[16 * V];
     const int ns = candidates(fits[j].scale, d, kScaleLo, kScaleHi, 2, cs);
     float best = FLT_MAX;
     for (int a = 0; a < ns; ++a) {
@@ -395,7 +398,7 @@ float assign_symmetric(const SubBlock<V> (&subs)[NS], const SymmetricFit* fits, 
       if (err < best) {
         best = err;
         sc[j] = cs[a];
-        std::memcpy(codes + 16 * V * j, trial, sizeof trial);
+        std::memcpy(values + 16 * V * j, trial, sizeof trial);
       }
     }
     total += best;
@@ -416,28 +419,31 @@ uint16_t quantize_symmetric_block(const SubBlock<V> (&subs)[NS], int* sc, int* c
     if (std::fabs(fits[j].scale) > std::fabs(max_scale)) max_scale = fits[j].scale;
   }
   uint16_t dh = signed_half(max_scale / static_cast<float>(kScaleLo));
-  float err = assign_symmetric<Grid, NS, V, kScaleLo, kScaleHi>(subs, fits, ggml_ext_fp16_to_fp32(dh), sc, codes);
+  float values[kN];
+  float err = assign_symmetric<Grid, NS, V, kScaleLo, kScaleHi>(subs, fits, ggml_ext_fp16_to_fp32(dh), sc, values);
   // Linear in d for fixed integers: refit it by least squares while that lowers the error.
   for (int round = 0; round < 2; ++round) {
     double aa = 0, ax = 0;
     for (int i = 0; i < kN; ++i) {
       const int j = i / (16 * V), v = (i / 16) % V, l = i % 16;
-      const double w = subs[j].w[v][l], a = static_cast<double>(sc[j]) * Grid::value(codes[i]);
+      const double w = subs[j].w[v][l], a = static_cast<double>(sc[j]) * values[i];
       aa += w * a * a;
       ax += w * a * subs[j].x[v][l];
     }
     if (!(aa > 0)) break;
     const uint16_t dh2 = signed_half(static_cast<float>(ax / aa));
     if (dh2 == dh) break;
-    int sc2[NS], codes2[kN];
+    int sc2[NS];
+    float values2[kN];
     const float err2 =
-        assign_symmetric<Grid, NS, V, kScaleLo, kScaleHi>(subs, fits, ggml_ext_fp16_to_fp32(dh2), sc2, codes2);
+        assign_symmetric<Grid, NS, V, kScaleLo, kScaleHi>(subs, fits, ggml_ext_fp16_to_fp32(dh2), sc2, values2);
     if (!(err2 < err)) break;
     err = err2;
     dh = dh2;
     std::memcpy(sc, sc2, sizeof sc2);
-    std::memcpy(codes, codes2, sizeof codes2);
+    std::memcpy(values, values2, sizeof values2);
   }
+  for (int i = 0; i < kN; ++i) codes[i] = Grid::code(values[i]);
   return dh;
 }
 
