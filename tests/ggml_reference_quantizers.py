@@ -77,6 +77,29 @@ def make_qkx(x, w, nmax, rmin, rdelta, nstep, use_mad):
     return np.where(flat, 0.0, scale), -lo, np.where(flat[:, None], 0.0, L)
 
 
+def _refine_levels(x, w, L, lo, hi, require_sl2):
+    """ggml's element-by-element refinement (make_qp_quants, make_q3_quants): up to 5 passes; each element's
+    level moves to round(x * sl2 / slx) of the other elements' sums when that raises sumlx^2 / suml2
+    (make_qp_quants also needs the others' suml2 > 0). Updates L in place; returns sumlx, suml2."""
+    sumlx, suml2 = (w * x * L).sum(axis=1), (w * L * L).sum(axis=1)
+    for _ in range(5):
+        changed = False
+        for i in range(x.shape[1]):
+            wi, xi, li = w[:, i], x[:, i], L[:, i]
+            slx, sl2 = sumlx - wi * xi * li, suml2 - wi * li * li
+            new_l = np.clip(np.rint(_div(xi * sl2, slx)), lo, hi)
+            slx2, sl22 = slx + wi * xi * new_l, sl2 + wi * new_l * new_l
+            accept = (slx > 0) & (new_l != li) & (sl22 > 0) & (slx2 * slx2 * suml2 > sumlx * sumlx * sl22)
+            if require_sl2:
+                accept &= sl2 > 0
+            L[:, i] = np.where(accept, new_l, li)
+            sumlx, suml2 = np.where(accept, slx2, sumlx), np.where(accept, sl22, suml2)
+            changed = changed or bool(accept.any())
+        if not changed:
+            break
+    return sumlx, suml2
+
+
 def make_qp_quants(x, nmax, w):
     """ggml's make_qp_quants per row: x >= 0 ~ scale*L, L in [0, nmax], weighted; a few spacings, then
     element-by-element level changes while they raise sumlx^2 / suml2. Returns scale, L."""
@@ -93,21 +116,7 @@ def make_qp_quants(x, nmax, w):
         better = mse < best
         best, iscale = np.where(better, mse, best), np.where(better, iscale_is, iscale)
     L = np.minimum(nmax, np.rint(iscale[:, None] * x))
-    sumlx, suml2 = (w * x * L).sum(axis=1), (w * L * L).sum(axis=1)
-    for _ in range(5):
-        changed = False
-        for i in range(x.shape[1]):
-            wi, xi, li = w[:, i], x[:, i], L[:, i]
-            slx, sl2 = sumlx - wi * xi * li, suml2 - wi * li * li
-            ok = (slx > 0) & (sl2 > 0)
-            new_l = np.minimum(nmax, np.rint(_div(xi * sl2, slx)))
-            slx2, sl22 = slx + wi * xi * new_l, sl2 + wi * new_l * new_l
-            accept = ok & (new_l != li) & (slx2 * slx2 * suml2 > sumlx * sumlx * sl22)
-            L[:, i] = np.where(accept, new_l, li)
-            sumlx, suml2 = np.where(accept, slx2, sumlx), np.where(accept, sl22, suml2)
-            changed = changed or bool(accept.any())
-        if not changed:
-            break
+    sumlx, suml2 = _refine_levels(x, w, L, 0, nmax, require_sl2=True)
     return np.where(zero, 0.0, _div(sumlx, suml2)), np.where(zero[:, None], 0.0, L)
 
 
@@ -143,21 +152,7 @@ def make_q3_quants(x, nmax):
     zero = amax == 0
     vmax = np.where(zero, 1.0, vmax)
     L = np.clip(np.rint((-nmax / vmax)[:, None] * x), -nmax, nmax - 1)
-    w = x * x
-    sumlx, suml2 = (w * x * L).sum(axis=1), (w * L * L).sum(axis=1)
-    for _ in range(5):
-        changed = False
-        for i in range(x.shape[1]):
-            wi, xi, li = w[:, i], x[:, i], L[:, i]
-            slx, sl2 = sumlx - wi * xi * li, suml2 - wi * li * li
-            new_l = np.clip(np.rint(_div(xi * sl2, slx)), -nmax, nmax - 1)
-            slx2, sl22 = slx + wi * xi * new_l, sl2 + wi * new_l * new_l
-            accept = (slx > 0) & (new_l != li) & (sl22 > 0) & (slx2 * slx2 * suml2 > sumlx * sumlx * sl22)
-            L[:, i] = np.where(accept, new_l, li)
-            sumlx, suml2 = np.where(accept, slx2, sumlx), np.where(accept, sl22, suml2)
-            changed = changed or bool(accept.any())
-        if not changed:
-            break
+    sumlx, suml2 = _refine_levels(x, x * x, L, -nmax, nmax - 1, require_sl2=False)
     return np.where(zero, 0.0, _div(sumlx, suml2))
 
 
