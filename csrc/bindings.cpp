@@ -95,8 +95,10 @@ NB_MODULE(_ext, m) {
         },
         "data"_a, "ggml_type"_a, "shape"_a, "dtype"_a = mx::float32, nb::kw_only(),
         "stream"_a = nb::none(), "Raw ggml blocks (uint8) of a tensor of logical `shape` as floats.");
-  m.def("quantize", &quantize, "w"_a, "ggml_type"_a, nb::kw_only(), "stream"_a = nb::none(),
-        "Float tensor (..., K) as ggml blocks, uint8 (rows, bytes_per_row).");
+  m.def("quantize", &quantize, "w"_a, "ggml_type"_a, nb::kw_only(), "imatrix"_a = nb::none(),
+        "stream"_a = nb::none(),
+        "Float tensor (..., K) as ggml blocks, uint8 (rows, bytes_per_row); imatrix: optional float32 (K,) "
+        "error weights per column.");
 
   m.def("quantized_matmul", &quantized_matmul, "x"_a, "w"_a, "ggml_type"_a = -1, nb::kw_only(),
         "stream"_a = nb::none(), "precise_x"_a = false,

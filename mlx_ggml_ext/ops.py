@@ -112,18 +112,28 @@ def dequantize(data: mx.array, ggml_type, shape, dtype: mx.Dtype = mx.float32, *
     return _ext.dequantize(data, int(t), dims, dtype, stream=stream)
 
 
-def quantize(w: mx.array, ggml_type, *, stream: Stream = None) -> mx.array:
+def quantize(w: mx.array, ggml_type, *, imatrix: mx.array = None, stream: Stream = None) -> mx.array:
     """A float tensor ``(..., K)`` as ggml blocks: uint8 ``(rows, bytes_per_row)``, rows = the product of
     the leading axes (1 for a vector); wrap it as ``GGMLTensor(blocks, ggml_type, w.shape)``.
 
     F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and MXFP4 are byte-identical to ``gguf.quants.quantize``
     for finite input (two documented exceptions for blocks whose largest magnitude is below 2**-125, where
-    gguf's result is platform-dependent: see docs/formats.md). Q4_K, Q5_K and Q6_K use a least-squares scale
-    search (reconstruction error below ggml's reference quantizer's; docs/formats.md). Other types raise
-    NotImplementedError. A block containing NaN or +-inf decodes to NaN in every element (MXFP4: +inf).
+    gguf's result is platform-dependent: see docs/formats.md). Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and
+    IQ4_XS use a least-squares scale search (reconstruction error below ggml's reference quantizer's;
+    docs/formats.md). Other types raise NotImplementedError. A block containing NaN or +-inf decodes to NaN
+    in every element (MXFP4: +inf).
+
+    ``imatrix``: optional importance matrix for those seven searched types, float32 of shape ``(K,)``, finite
+    and >= 0 (e.g. the mean squared activation of each input column): the search then minimizes
+    ``sum(imatrix[col] * (decoded - w)**2)`` instead of the plain squared error.
     """
     _require_array("w", w)
-    return _ext.quantize(w, int(GGMLType.of(ggml_type)), stream=stream)
+    _require_array("imatrix", imatrix, optional=True)
+    if imatrix is not None and imatrix.dtype == mx.float32 and imatrix.ndim == 1:
+        # The values are checked here, eagerly (a (K,) vector): the kernel cannot raise.
+        if not mx.all(mx.isfinite(imatrix) & (imatrix >= 0)).item():
+            raise ValueError("imatrix must be finite and >= 0 (one importance weight per column)")
+    return _ext.quantize(w, int(GGMLType.of(ggml_type)), imatrix=imatrix, stream=stream)
 
 
 def quantized_matmul(x: mx.array, w: Union[GGMLTensor, mx.array], ggml_type=None, *, precise_x: bool = False,

@@ -12,11 +12,9 @@
 //   - MXFP4's exponent is clamped at 0 for max |x| < 2^-125 (gguf wraps it to 251..255).
 // A block holding NaN or +-inf: see quantize.h.
 //
-// K-quants: per sub-block, a search over candidate scales (each followed by a least-squares fit of scale and
-// min to the resulting integer levels, then a few refit rounds), then the sub-block scales are quantized to
-// the format's 6/8-bit integers against the float16 super-block scale by trying the neighbouring integers
-// and keeping the pair with the lowest squared error of the decoded values. Plain (unweighted) squared
-// error throughout: the objective is the reconstruction RMSE.
+// K-quants (Q2_K .. Q6_K) and IQ4_NL / IQ4_XS: this package's own least-squares scale searches
+// (quantize_search.h), minimizing the squared reconstruction error, weighted per element by the importance
+// matrix when one is given.
 #include "kernels/cpu/quantize.h"
 
 #include <algorithm>
@@ -27,17 +25,14 @@
 #include "kernels/common/ggml_blocks.h"
 #include "kernels/cpu/convert.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/cpu/quantize_search.h"
 #include "kernels/cpu/simd.h"
-
-// The 64-byte vectors below only cross inline helpers of this file: no ABI boundary.
-#pragma GCC diagnostic ignored "-Wpsabi"
 
 namespace ggml_ext::cpu {
 namespace GGML_EXT_ISA {
 namespace {
 
 constexpr uint16_t kHalfNaN = 0x7E00;
-constexpr float kHalfMax = 65504.0f;
 constexpr int64_t kGrainElements = 8192;
 
 bool all_finite(const float* x, int n) {
@@ -46,9 +41,6 @@ bool all_finite(const float* x, int n) {
   return non_finite == 0;
 }
 
-inline int clamp_int(int v, int lo, int hi) { return std::min(hi, std::max(lo, v)); }
-// Round to nearest even; far-out values (a tiny scale) saturate before the clamp that follows.
-inline int nearest(float v) { return static_cast<int>(std::lrint(std::min(1e7f, std::max(-1e7f, v)))); }
 
 // ------------------------------------------------------------------------------------------------ legacy
 
@@ -168,230 +160,7 @@ void quantize_block(const float* x, block_mxfp4* y) {
   pack_nibbles(q, y->qs);
 }
 
-// ------------------------------------------------------------------------------------------------ K-quants
-
-// Sub-blocks are held as 16-lane float vectors of a fixed width on every ISA (GCC lowers them to 1, 2 or 4
-// native vectors), summed in a fixed order: every variant computes the same numbers and writes the same bytes.
-typedef float v16f __attribute__((vector_size(64)));
-typedef int32_t v16i __attribute__((vector_size(64)));
-typedef float v8f __attribute__((vector_size(32)));
-typedef float v4f __attribute__((vector_size(16)));
-
-constexpr float kRoundMagic = 12582912.0f;  // 1.5 * 2^23: (v + m) - m rounds |v| < 2^22 to nearest even
-
-template <int V>
-struct SubBlock {  // V * 16 values
-  v16f x[V];
-  explicit SubBlock(const float* p) { std::memcpy(x, p, sizeof x); }
-};
-
-inline float sum16(v16f v) {
-  const v8f a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
-                __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-  const v4f b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
-  return (b[0] + b[2]) + (b[1] + b[3]);
-}
-
-// v clamped to [lo, hi] (integers), then rounded to the nearest integer (even on ties).
-inline v16f clamp_round(v16f v, float lo, float hi) {
-  const v16f vlo = v16f{} + lo, vhi = v16f{} + hi;
-  v = v > vlo ? v : vlo;
-  v = v < vhi ? v : vhi;
-  return (v + kRoundMagic) - kRoundMagic;
-}
-
-template <int V>
-void store_levels(const v16f (&L)[V], int* out) {
-  for (int v = 0; v < V; ++v) {
-    const v16i q = __builtin_convertvector(L[v], v16i);
-    std::memcpy(out + 16 * v, &q, sizeof q);
-  }
-}
-
-// Sub-block fit x ~ scale * L - min with L in [0, nmax], min >= 0 (Q4_K/Q5_K store a min to subtract).
-struct AffineFit {
-  float scale = 0.0f;
-  float min = 0.0f;
-  float err = 0.0f;
-};
-
-// Least squares of scale and min for fixed levels L, min clamped at >= 0; err = the squared error.
-template <int V>
-AffineFit fit_levels(const SubBlock<V>& s, const v16f (&L)[V]) {
-  v16f al = {}, al2 = {}, alx = {}, ax = {};
-  for (int v = 0; v < V; ++v) {
-    al += L[v];
-    al2 += L[v] * L[v];
-    alx += L[v] * s.x[v];
-    ax += s.x[v];
-  }
-  const double n = 16 * V, sl = sum16(al), sl2 = sum16(al2), slx = sum16(alx), sx = sum16(ax);
-  const double det = n * sl2 - sl * sl;
-  double scale = det > 0 ? (n * slx - sl * sx) / det : 0.0;
-  double offset = det > 0 ? (sx - scale * sl) / n : sx / n;
-  if (offset > 0) {  // the format cannot add: refit the scale alone
-    offset = 0;
-    scale = sl2 > 0 ? slx / sl2 : 0.0;
-  }
-  AffineFit f;
-  f.scale = static_cast<float>(std::max(scale, 0.0));
-  f.min = static_cast<float>(-offset);
-  v16f e = {};
-  for (int v = 0; v < V; ++v) {
-    const v16f r = f.scale * L[v] - f.min - s.x[v];
-    e += r * r;
-  }
-  f.err = sum16(e);
-  return f;
-}
-
-// Levels clamp_round(iscale * (x - lo)) in [0, nmax].
-template <int V>
-void affine_levels(const SubBlock<V>& s, float iscale, float lo, float nmax, v16f (&L)[V]) {
-  for (int v = 0; v < V; ++v) L[v] = clamp_round(iscale * (s.x[v] - lo), 0.0f, nmax);
-}
-
-template <int V>
-AffineFit search_affine(const SubBlock<V>& s, int nmax) {
-  float lo = 0.0f, hi = s.x[0][0];
-  for (int v = 0; v < V; ++v) {
-    for (int i = 0; i < 16; ++i) {
-      lo = std::min(lo, s.x[v][i]);
-      hi = std::max(hi, s.x[v][i]);
-    }
-  }
-  AffineFit best;
-  if (!(hi > lo)) {  // constant non-positive sub-block
-    best.min = -lo;
-    return best;
-  }
-  const float fmax = static_cast<float>(nmax);
-  v16f L[V];
-  best.err = FLT_MAX;
-  // Candidate level spacings around (hi - lo) / nmax (slightly wider ones clip the extremes), and the range
-  // spanning a few levels less, which finds the grid of values that are already quantized.
-  auto try_spacing = [&](float levels) {
-    affine_levels(s, levels / (hi - lo), lo, fmax, L);
-    const AffineFit f = fit_levels(s, L);
-    if (f.err < best.err) best = f;
-  };
-  for (int step = -10; step <= 20; ++step) try_spacing(fmax + 0.1f * static_cast<float>(step));
-  for (int fewer = 2; fewer <= 4; ++fewer) try_spacing(fmax - static_cast<float>(fewer));
-  for (int round = 0; round < 4 && best.scale > 0.0f; ++round) {  // Lloyd: levels <-> fit
-    affine_levels(s, 1.0f / best.scale, -best.min, fmax, L);
-    const AffineFit f = fit_levels(s, L);
-    if (!(f.err < best.err)) break;
-    best = f;
-  }
-  return best;
-}
-
-// Squared error of the sub-block decoded as dl*L - ml (the decoder's float32 math) with the best levels.
-template <int V>
-float affine_error(const SubBlock<V>& s, int nmax, float dl, float ml, int* levels) {
-  v16f L[V], e = {};
-  for (int v = 0; v < V; ++v) {
-    L[v] = dl > 0.0f ? clamp_round((s.x[v] + ml) / dl, 0.0f, static_cast<float>(nmax)) : v16f{};
-    const v16f r = dl * L[v] - ml - s.x[v];
-    e += r * r;
-  }
-  store_levels(L, levels);
-  return sum16(e);
-}
-
-// Integer candidates around v / unit in [lo, hi]: the nearest and its neighbours.
-int candidates(float v, float unit, int lo, int hi, int spread, int* out) {
-  if (!(unit != 0.0f)) {
-    out[0] = 0;
-    return 1;
-  }
-  const int c = clamp_int(nearest(v / unit), lo, hi);
-  int k = 0;
-  for (int t = std::max(lo, c - spread); t <= std::min(hi, c + spread); ++t) out[k++] = t;
-  return k;
-}
-
-float half_scale(float v) { return std::min(v, kHalfMax); }
-
-// Q4_K/Q5_K, given the float16 super-block scales: per sub-block the 6-bit scale and min (near the fitted
-// ones) and levels of least squared error of the decoded values. Returns the block's squared error.
-template <int kNmax>
-float assign_k_affine(const SubBlock<2>* subs, const AffineFit* fits, float d, float dmin, int* sc, int* mc,
-                      int* L) {
-  float total = 0.0f;
-  for (int j = 0; j < 8; ++j) {
-    int cs[5], cm[5], trial[32];
-    const int ns = candidates(fits[j].scale, d, 0, 63, 1, cs);
-    const int nm = candidates(fits[j].min, dmin, 0, 63, 1, cm);
-    float best = FLT_MAX;
-    for (int a = 0; a < ns; ++a) {
-      for (int b = 0; b < nm; ++b) {
-        const float err = affine_error(subs[j], kNmax, d * static_cast<float>(cs[a]),
-                                       dmin * static_cast<float>(cm[b]), trial);
-        if (err < best) {
-          best = err;
-          sc[j] = cs[a];
-          mc[j] = cm[b];
-          std::memcpy(L + 32 * j, trial, sizeof trial);
-        }
-      }
-    }
-    total += best;
-  }
-  return total;
-}
-
-// Q4_K/Q5_K: 8 sub-blocks of 32; returns the levels, 6-bit scales and mins, and the float16 scales.
-template <int kNmax>
-void quantize_k_affine(const float* x, uint16_t* d_out, uint16_t* dmin_out, int* sc, int* mc, int* L) {
-  const SubBlock<2> subs[8] = {SubBlock<2>(x), SubBlock<2>(x + 32), SubBlock<2>(x + 64), SubBlock<2>(x + 96),
-                                SubBlock<2>(x + 128), SubBlock<2>(x + 160), SubBlock<2>(x + 192), SubBlock<2>(x + 224)};
-  AffineFit fits[8];
-  float max_scale = 0.0f, max_min = 0.0f;
-  for (int j = 0; j < 8; ++j) {
-    fits[j] = search_affine(subs[j], kNmax);
-    max_scale = std::max(max_scale, fits[j].scale);
-    max_min = std::max(max_min, fits[j].min);
-  }
-  uint16_t dh = ggml_ext_fp32_to_fp16(half_scale(max_scale / 63.0f));
-  uint16_t mh = ggml_ext_fp32_to_fp16(half_scale(max_min / 63.0f));
-  float err = assign_k_affine<kNmax>(subs, fits, ggml_ext_fp16_to_fp32(dh), ggml_ext_fp16_to_fp32(mh), sc, mc, L);
-  // The decoded values are linear in (d, dmin) for fixed integers: refit both by least squares and keep
-  // the result (re-assigned around it) while it lowers the error.
-  for (int round = 0; round < 2; ++round) {
-    double aa = 0, ab = 0, bb = 0, ax = 0, bx = 0;  // a = sc*L, b = -mc
-    for (int i = 0; i < 256; ++i) {
-      const double a = static_cast<double>(sc[i / 32]) * L[i], b = -static_cast<double>(mc[i / 32]);
-      aa += a * a;
-      ab += a * b;
-      bb += b * b;
-      ax += a * x[i];
-      bx += b * x[i];
-    }
-    const double det = aa * bb - ab * ab;
-    double d = aa > 0 ? ax / aa : 0.0, dmin = 0.0;
-    if (det > 0) {
-      d = (ax * bb - bx * ab) / det;
-      dmin = (bx * aa - ax * ab) / det;
-    }
-    if (!(d >= 0) || !(dmin >= 0)) break;
-    const uint16_t dh2 = ggml_ext_fp32_to_fp16(half_scale(static_cast<float>(d)));
-    const uint16_t mh2 = ggml_ext_fp32_to_fp16(half_scale(static_cast<float>(dmin)));
-    if (dh2 == dh && mh2 == mh) break;
-    int sc2[8], mc2[8], L2[256];
-    const float err2 = assign_k_affine<kNmax>(subs, fits, ggml_ext_fp16_to_fp32(dh2), ggml_ext_fp16_to_fp32(mh2),
-                                              sc2, mc2, L2);
-    if (!(err2 < err)) break;
-    err = err2;
-    dh = dh2;
-    mh = mh2;
-    std::memcpy(sc, sc2, sizeof sc2);
-    std::memcpy(mc, mc2, sizeof mc2);
-    std::memcpy(L, L2, sizeof L2);
-  }
-  *d_out = dh;
-  *dmin_out = mh;
-}
+// ------------------------------------------------------------------------------------------------ K-quants, IQ4
 
 // The 12 scale bytes of Q4_K/Q5_K (inverse of ggml_ext_k4_scale / ggml_ext_k4_min).
 void pack_k4_scales(const int* sc, const int* mc, uint8_t* q) {
@@ -402,18 +171,22 @@ void pack_k4_scales(const int* sc, const int* mc, uint8_t* q) {
   }
 }
 
-void quantize_block(const float* x, block_q4_k* y) {
+void quantize_block(const float* x, const float* w, block_q4_k* y) {
+  SubBlock<2> subs[8];
+  load_sub_blocks(x, w, subs);
   int sc[8], mc[8], L[256];
-  quantize_k_affine<15>(x, &y->d, &y->dmin, sc, mc, L);
+  quantize_affine_block<8, 2, 15, 63>(subs, &y->d, &y->dmin, sc, mc, L);
   pack_k4_scales(sc, mc, y->scales);
   for (int c = 0; c < 4; ++c) {
     for (int l = 0; l < 32; ++l) y->qs[32 * c + l] = static_cast<uint8_t>(L[64 * c + l] | (L[64 * c + 32 + l] << 4));
   }
 }
 
-void quantize_block(const float* x, block_q5_k* y) {
+void quantize_block(const float* x, const float* w, block_q5_k* y) {
+  SubBlock<2> subs[8];
+  load_sub_blocks(x, w, subs);
   int sc[8], mc[8], L[256];
-  quantize_k_affine<31>(x, &y->d, &y->dmin, sc, mc, L);
+  quantize_affine_block<8, 2, 31, 63>(subs, &y->d, &y->dmin, sc, mc, L);
   pack_k4_scales(sc, mc, y->scales);
   std::memset(y->qh, 0, sizeof y->qh);
   for (int c = 0; c < 4; ++c) {
@@ -425,93 +198,89 @@ void quantize_block(const float* x, block_q5_k* y) {
   }
 }
 
-// Q6_K sub-block fit x ~ scale * L, L in [-32, 31] (scale of either sign: the extreme may use the -32 side).
-struct SymmetricFit {
-  float scale = 0.0f;
-  float err = 0.0f;
-};
-
-SymmetricFit fit_symmetric(const SubBlock<1>& s, const v16f& L) {
-  const float slx = sum16(L * s.x[0]), sl2 = sum16(L * L);
-  SymmetricFit f;
-  f.scale = sl2 > 0 ? slx / sl2 : 0.0f;
-  const v16f r = f.scale * L - s.x[0];
-  f.err = sum16(r * r);
-  return f;
-}
-
-SymmetricFit search_symmetric(const SubBlock<1>& s) {
-  float amax = 0.0f, vmax = 0.0f;
-  for (int i = 0; i < 16; ++i) {
-    if (std::fabs(s.x[0][i]) > amax) {
-      amax = std::fabs(s.x[0][i]);
-      vmax = s.x[0][i];
+// Q2_K / Q3_K: per half h of 128, byte qs[32h + l] holds the 2-bit codes of elements 128h + 32t + l at bit 2t.
+void pack_two_bit_codes(const int* q, uint8_t* qs) {
+  for (int h = 0; h < 2; ++h) {
+    for (int l = 0; l < 32; ++l) {
+      const int* e = q + 128 * h + l;
+      qs[32 * h + l] = static_cast<uint8_t>((e[0] & 3) | ((e[32] & 3) << 2) | ((e[64] & 3) << 4) | ((e[96] & 3) << 6));
     }
   }
-  SymmetricFit best;
-  if (amax == 0.0f) return best;
-  best.err = sum16(s.x[0] * s.x[0]);
-  // The extreme mapped to levels around -32 or +31 (a little past them clips it).
-  for (int step = -12; step <= 6; ++step) {
-    for (float target : {-32.0f - 0.5f * static_cast<float>(step), 31.0f + 0.5f * static_cast<float>(step)}) {
-      const SymmetricFit f = fit_symmetric(s, clamp_round((target / vmax) * s.x[0], -32.0f, 31.0f));
-      if (f.err < best.err) best = f;
-    }
-  }
-  for (int round = 0; round < 4 && best.scale != 0.0f; ++round) {
-    const SymmetricFit f = fit_symmetric(s, clamp_round((1.0f / best.scale) * s.x[0], -32.0f, 31.0f));
-    if (!(f.err < best.err)) break;
-    best = f;
-  }
-  return best;
 }
 
-float symmetric_error(const SubBlock<1>& s, float dl, int* levels) {
-  const v16f L = dl != 0.0f ? clamp_round(s.x[0] / dl, -32.0f, 31.0f) : v16f{};
-  const v16f r = dl * L - s.x[0];
-  const v16f Ls[1] = {L};
-  store_levels(Ls, levels);
-  return sum16(r * r);
+// Q2_K: 16 sub-blocks of 16, 4-bit scale and min, levels 0..3.
+void quantize_block(const float* x, const float* w, block_q2_k* y) {
+  SubBlock<1> subs[16];
+  load_sub_blocks(x, w, subs);
+  int sc[16], mc[16], L[256];
+  quantize_affine_block<16, 1, 3, 15>(subs, &y->d, &y->dmin, sc, mc, L);
+  for (int j = 0; j < 16; ++j) y->scales[j] = static_cast<uint8_t>(sc[j] | (mc[j] << 4));
+  pack_two_bit_codes(L, y->qs);
 }
 
-void quantize_block(const float* x, block_q6_k* y) {
-  SymmetricFit fits[16];
-  float max_scale = 0.0f;
-  for (int j = 0; j < 16; ++j) {
-    fits[j] = search_symmetric(SubBlock<1>(x + 16 * j));
-    if (std::fabs(fits[j].scale) > std::fabs(max_scale)) max_scale = fits[j].scale;
+// Q3_K: 16 sub-blocks of 16, signed 6-bit scales stored + 32, codes -4..3 stored as 2 low bits plus a high
+// bit that is set for codes >= 0 (the decoder subtracts 4 where it is clear).
+void quantize_block(const float* x, const float* w, block_q3_k* y) {
+  SubBlock<1> subs[16];
+  load_sub_blocks(x, w, subs);
+  int sc[16], q[256];  // q = code + 4, 0..7
+  y->d = quantize_symmetric_block<UniformGrid<4>, 16, 1, -32, 31>(subs, sc, q);
+  std::memset(y->scales, 0, sizeof y->scales);
+  for (int s = 0; s < 16; ++s) {
+    const int v = sc[s] + 32;
+    y->scales[s % 8] |= static_cast<uint8_t>((v & 0xF) << (s < 8 ? 0 : 4));
+    y->scales[8 + s % 4] |= static_cast<uint8_t>((v >> 4) << (2 * (s / 4)));
   }
-  // The largest scale maps to -128, the int8 extreme (one step finer than 127).
-  const float d_raw = -max_scale / 128.0f;
-  y->d = ggml_ext_fp32_to_fp16(std::copysign(half_scale(std::fabs(d_raw)), d_raw));
-  const float d = ggml_ext_fp16_to_fp32(y->d);
-  int L[256];
-  for (int j = 0; j < 16; ++j) {
-    int cs[5], trial[16];
-    const int ns = candidates(fits[j].scale, d, -128, 127, 2, cs);
-    float best = FLT_MAX;
-    for (int a = 0; a < ns; ++a) {
-      const float err = symmetric_error(SubBlock<1>(x + 16 * j), d * static_cast<float>(cs[a]), trial);
-      if (err < best) {
-        best = err;
-        y->scales[j] = static_cast<int8_t>(cs[a]);
-        std::memcpy(L + 16 * j, trial, sizeof trial);
-      }
-    }
-  }
+  std::memset(y->hmask, 0, sizeof y->hmask);
+  for (int e = 0; e < 256; ++e) y->hmask[e % 32] |= static_cast<uint8_t>((q[e] >> 2) << (e / 32));
+  pack_two_bit_codes(q, y->qs);
+}
+
+// Q6_K: 16 sub-blocks of 16, int8 scales, codes -32..31 stored + 32.
+void quantize_block(const float* x, const float* w, block_q6_k* y) {
+  SubBlock<1> subs[16];
+  load_sub_blocks(x, w, subs);
+  int sc[16], q[256];
+  y->d = quantize_symmetric_block<UniformGrid<32>, 16, 1, -128, 127>(subs, sc, q);
+  for (int j = 0; j < 16; ++j) y->scales[j] = static_cast<int8_t>(sc[j]);
   // Per 128-element half h, element 32*s + l: low nibble in ql[64h + l + 32*(s&1)] (high nibble for s >= 2),
   // two high bits at 2*s of qh[32h + l].
   for (int h = 0; h < 2; ++h) {
     for (int l = 0; l < 32; ++l) {
-      int q[4];
-      for (int s = 0; s < 4; ++s) q[s] = L[128 * h + 32 * s + l] + 32;
-      y->ql[64 * h + l] = static_cast<uint8_t>((q[0] & 0xF) | ((q[2] & 0xF) << 4));
-      y->ql[64 * h + 32 + l] = static_cast<uint8_t>((q[1] & 0xF) | ((q[3] & 0xF) << 4));
-      y->qh[32 * h + l] = static_cast<uint8_t>((q[0] >> 4) | ((q[1] >> 4) << 2) | ((q[2] >> 4) << 4) | ((q[3] >> 4) << 6));
+      const int* e = q + 128 * h + l;
+      y->ql[64 * h + l] = static_cast<uint8_t>((e[0] & 0xF) | ((e[64] & 0xF) << 4));
+      y->ql[64 * h + 32 + l] = static_cast<uint8_t>((e[32] & 0xF) | ((e[96] & 0xF) << 4));
+      y->qh[32 * h + l] = static_cast<uint8_t>((e[0] >> 4) | ((e[32] >> 4) << 2) | ((e[64] >> 4) << 4) | ((e[96] >> 4) << 6));
     }
   }
 }
 
+// IQ4_NL: one float16 scale for 32 values on the non-linear grid.
+void quantize_block(const float* x, const float* w, block_iq4_nl* y) {
+  SubBlock<2> subs[1];
+  load_sub_blocks(x, w, subs);
+  int sc[1], q[32];
+  y->d = quantize_symmetric_block<NonlinearGrid, 1, 2, 1, 1>(subs, sc, q);
+  pack_nibbles(q, y->qs);
+}
+
+// IQ4_XS: 8 sub-blocks of 32 on the non-linear grid, signed 6-bit scales stored + 32 (4 low bits in
+// scales_l, 2 high bits in scales_h).
+void quantize_block(const float* x, const float* w, block_iq4_xs* y) {
+  SubBlock<2> subs[8];
+  load_sub_blocks(x, w, subs);
+  int sc[8], q[256];
+  y->d = quantize_symmetric_block<NonlinearGrid, 8, 2, -32, 31>(subs, sc, q);
+  std::memset(y->scales_l, 0, sizeof y->scales_l);
+  uint16_t high = 0;
+  for (int j = 0; j < 8; ++j) {
+    const int v = sc[j] + 32;
+    y->scales_l[j / 2] |= static_cast<uint8_t>((v & 0xF) << (4 * (j % 2)));
+    high |= static_cast<uint16_t>((v >> 4) << (2 * j));
+  }
+  y->scales_h = high;
+  for (int j = 0; j < 8; ++j) pack_nibbles(q + 32 * j, y->qs + 16 * j);
+}
 // ------------------------------------------------------------------------------------------------ non-finite
 
 // Every float16 scale NaN: each element decodes to NaN.
@@ -531,17 +300,43 @@ void poison_block(block_mxfp4* y) {
 
 // ------------------------------------------------------------------------------------------------ driver
 
+// Error weights of one block from the importance matrix: negative or non-finite entries count as 0 (the op
+// rejects them; this keeps the kernel total), scaled to mean 1 over the block (the searches only compare
+// errors within a block, and this keeps the sums in range), and a run of 16 whose weights are all zero weighs
+// its elements equally (nothing there to prefer: the plain error).
+void block_weights(const float* imatrix, int n, float* w) {
+  double sum = 0;
+  for (int i = 0; i < n; ++i) {
+    const float v = imatrix[i];
+    w[i] = std::isfinite(v) && v > 0.0f ? v : 0.0f;
+    sum += w[i];
+  }
+  for (int i = 0; i < n; ++i) w[i] = sum > 0 ? static_cast<float>(w[i] * (n / sum)) : 1.0f;
+  for (int g = 0; g < n; g += 16) {
+    if (std::all_of(w + g, w + g + 16, [](float v) { return v == 0.0f; })) std::fill(w + g, w + g + 16, 1.0f);
+  }
+}
+
+// The K-quants and IQ4 types take error weights; the byte-exact types follow gguf and take none.
+template <class Block>
+constexpr bool kWeighted = requires(const float* p, Block* b) { quantize_block(p, p, b); };
+
 template <class In, class Block, int QK>
 void quantize_blocks(const QuantizeArgs& a, int64_t begin, int64_t end) {
   const auto* x = static_cast<const typename In::T*>(a.x);
   auto* y = static_cast<Block*>(a.blocks);
-  float v[QK];
+  float v[QK], w[QK];
+  std::fill(w, w + QK, 1.0f);
+  const int64_t blocks_per_row = a.imatrix != nullptr ? a.row_length / QK : 1;
   for (int64_t i = begin; i < end; ++i) {
     for (int k = 0; k < QK; k += kLanes) F32::store(v + k, In::load(x + i * QK + k));
-    if (all_finite(v, QK)) {
-      quantize_block(v, y + i);
-    } else {
+    if (!all_finite(v, QK)) {
       poison_block(y + i);
+    } else if constexpr (kWeighted<Block>) {
+      if (a.imatrix != nullptr) block_weights(a.imatrix + (i % blocks_per_row) * QK, QK, w);
+      quantize_block(v, w, y + i);
+    } else {
+      quantize_block(v, y + i);
     }
   }
 }
@@ -571,9 +366,13 @@ void quantize_from(const QuantizeArgs& a) {
     case GGML_EXT_TYPE_Q5_1: return run_blocks<In, block_q5_1, GGML_EXT_QK32>(a);
     case GGML_EXT_TYPE_Q8_0: return run_blocks<In, block_q8_0, GGML_EXT_QK32>(a);
     case GGML_EXT_TYPE_MXFP4: return run_blocks<In, block_mxfp4, GGML_EXT_QK32>(a);
+    case GGML_EXT_TYPE_Q2_K: return run_blocks<In, block_q2_k, GGML_EXT_QK_K>(a);
+    case GGML_EXT_TYPE_Q3_K: return run_blocks<In, block_q3_k, GGML_EXT_QK_K>(a);
     case GGML_EXT_TYPE_Q4_K: return run_blocks<In, block_q4_k, GGML_EXT_QK_K>(a);
     case GGML_EXT_TYPE_Q5_K: return run_blocks<In, block_q5_k, GGML_EXT_QK_K>(a);
     case GGML_EXT_TYPE_Q6_K: return run_blocks<In, block_q6_k, GGML_EXT_QK_K>(a);
+    case GGML_EXT_TYPE_IQ4_NL: return run_blocks<In, block_iq4_nl, GGML_EXT_QK32>(a);
+    case GGML_EXT_TYPE_IQ4_XS: return run_blocks<In, block_iq4_xs, GGML_EXT_QK_K>(a);
     default: return;  // the primitive validated the type
   }
 }

@@ -11,9 +11,15 @@ void Quantize::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
   if (out.size() == 0) return;
   auto& enc = mx::cpu::get_command_encoder(stream());
   enc.set_input_array(w);
+  const float* imatrix = nullptr;
+  if (inputs.size() > 1) {  // float32 (K,), row-contiguous: the op checked and copied it
+    enc.set_input_array(inputs[1]);
+    imatrix = inputs[1].data<float>();
+  }
   enc.set_output_array(out);
   ggml_ext::cpu::QuantizeArgs args{w.data<void>(), float_type(w.dtype()), out.data<void>(), type_,
-                                   static_cast<int64_t>(out.nbytes() / ggml_ext_type_size(type_))};
+                                   static_cast<int64_t>(out.nbytes() / ggml_ext_type_size(type_)), imatrix,
+                                   w.ndim() > 0 ? static_cast<int64_t>(w.shape(-1)) : 1};
   enc.dispatch([args] { ggml_ext::cpu::quantize(args); });
 }
 
