@@ -12,7 +12,7 @@ mx::array glu_node(const std::vector<mx::array>& inputs, GluKind kind, bool fuse
   mx::Shape shape = inputs[0].shape();
   if (fused) shape.back() /= 2;
   std::vector<mx::array> contiguous;
-  for (const auto& a : inputs) contiguous.push_back(row_contiguous(a, stream));
+  for (const auto& a : inputs) contiguous.push_back(kernel_input(a, stream));
   return mx::array(shape, inputs[0].dtype(), std::make_shared<GLU>(stream, kind, fused), contiguous);
 }
 

@@ -79,7 +79,7 @@ mx::array product_node(const mx::array& x, const mx::array& w, int type, bool tr
   auto stream = mx::to_stream(s);
   if (takes_dense_route(x, w, out_dtype, stream)) return dense_product(x, w, type, transpose, stream);
   auto prim = std::make_shared<QuantizedMatmul>(stream, type, transpose, out_dtype, precise_x && !transpose);
-  std::vector<mx::array> inputs = {row_contiguous(x, stream), row_contiguous(w, stream)};
+  std::vector<mx::array> inputs = {kernel_input(x, stream), row_contiguous(w, stream)};
   auto shape = prim->output_shapes(inputs)[0];
   return mx::array(std::move(shape), out_dtype, std::move(prim), std::move(inputs));
 }

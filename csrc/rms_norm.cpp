@@ -13,8 +13,8 @@ constexpr const char* kOp = "rms_norm";
 mx::array rms_norm_node(const mx::array& x, const std::optional<mx::array>& weight, float eps,
                         mx::StreamOrDevice s) {
   auto stream = mx::to_stream(s);
-  std::vector<mx::array> inputs = {row_contiguous(x, stream)};
-  if (weight) inputs.push_back(row_contiguous(*weight, stream));
+  std::vector<mx::array> inputs = {kernel_input(x, stream)};
+  if (weight) inputs.push_back(kernel_input(*weight, stream));
   return mx::array(x.shape(), x.dtype(), std::make_shared<RMSNorm>(stream, eps), inputs);
 }
 

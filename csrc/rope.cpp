@@ -15,8 +15,8 @@ mx::array rope_node(const mx::array& x, const mx::array& positions,
                     const std::optional<mx::array>& freq_factors, const RopeParams& p, bool inverse,
                     mx::StreamOrDevice s) {
   auto stream = mx::to_stream(s);
-  std::vector<mx::array> inputs = {row_contiguous(x, stream), row_contiguous(positions, stream)};
-  if (freq_factors) inputs.push_back(row_contiguous(*freq_factors, stream));
+  std::vector<mx::array> inputs = {kernel_input(x, stream), kernel_input(positions, stream)};
+  if (freq_factors) inputs.push_back(kernel_input(*freq_factors, stream));
   return mx::array(x.shape(), x.dtype(), std::make_shared<RoPE>(stream, p, inverse), inputs);
 }
 

@@ -39,6 +39,10 @@ mx::array row_contiguous(const mx::array& a, mx::StreamOrDevice s) {
   return mx::contiguous(a, /*allow_col_major=*/false, s);
 }
 
+mx::array kernel_input(const mx::array& a, const mx::Stream& stream) {
+  return stream.device == mx::Device::cpu ? a : row_contiguous(a, stream);
+}
+
 mx::array reshape_shared(const mx::array& a, const mx::Shape& shape, mx::StreamOrDevice s) {
   if (!(a.is_available() && a.flags().row_contiguous && a.data_size() == a.size())) return mx::reshape(a, shape, s);
   int64_t size = 1;

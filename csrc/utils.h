@@ -43,6 +43,13 @@ ggml_ext::cpu::FloatType float_type(mx::Dtype dtype);
 // lazy array that turns out to be (MLX shares the buffer), a copy for transposed, sliced or broadcast inputs.
 mx::array row_contiguous(const mx::array& a, mx::StreamOrDevice s);
 
+// An input of an elementwise-layout kernel (rms_norm, rope, glu, quantized_matmul's x): on a CPU stream `a` as it
+// is, with no graph node (eval_cpu makes a row-major copy only when the evaluated input turns out strided:
+// csrc/backend/cpu/row_major.h), elsewhere row_contiguous(a). Inside a model every such input is lazy when the
+// graph is built, so row_contiguous would add a Contiguous node per op, which on the CPU costs the scheduler a
+// task each (about 340 per token of a 18-layer model) and nearly always shares the buffer.
+mx::array kernel_input(const mx::array& a, const mx::Stream& stream);
+
 // `a` with a new shape of the same size. An evaluated row-major array gets an evaluated view of its own buffer,
 // with no graph node: a lazy Reshape would reach row_contiguous as an unevaluated array, and MLX's Contiguous
 // shares a buffer only when the buffer is at most 16 KiB larger than the array, which a tensor mapped from a

@@ -1,19 +1,21 @@
 #include "csrc/glu.h"
-#include "mlx/backend/cpu/encoder.h"
+#include "csrc/backend/cpu/row_major.h"
 
 namespace mlx_ggml_ext {
 
 void GLU::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
-  // Row-contiguous inputs (the op inserted the copies); an unfused gate has out's size and may be donated.
+  // An unfused gate has out's size and may be donated (when row-major already).
   if (fused_ || !donate(inputs[0], out)) out.set_data(mx::allocator::malloc(out.nbytes()));
   if (out.size() == 0) return;
   const auto l = layout(out);
   auto& enc = mx::cpu::get_command_encoder(stream());
-  for (const auto& a : inputs) enc.set_input_array(a);
+  std::vector<mx::array> rows;
+  for (const auto& a : inputs) rows.push_back(row_major_input(a, enc));
+  for (const auto& a : rows) enc.set_input_array(a);
   enc.set_output_array(out);
-  const auto& up = fused_ ? inputs[0] : inputs[1];
+  const auto& up = fused_ ? rows[0] : rows[1];
   const auto elem = static_cast<int64_t>(out.itemsize());
-  ggml_ext::cpu::GluArgs args{inputs[0].data<void>(),
+  ggml_ext::cpu::GluArgs args{rows[0].data<void>(),
                               static_cast<const char*>(up.data<void>()) + l.up_offset * elem,
                               out.data<void>(),
                               float_type(out.dtype()),

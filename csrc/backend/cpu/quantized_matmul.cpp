@@ -1,17 +1,18 @@
 #include "csrc/quantized_matmul.h"
 
 #include <cstring>
+#include "csrc/backend/cpu/row_major.h"
 #include "kernels/cpu/matmul.h"
 #include "mlx/backend/cpu/encoder.h"
 
 namespace mlx_ggml_ext {
 
 void QuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
-  const auto& x = inputs[0];  // (B3, B2, M, Kx), row-contiguous: the op inserted the copies
-  const auto& w = inputs[1];  // (A3, A2, N, row_bytes)
   out.set_data(mx::allocator::malloc(out.nbytes()));
   if (out.size() == 0) return;
   auto& enc = mx::cpu::get_command_encoder(stream());
+  const auto x = row_major_input(inputs[0], enc);  // (B3, B2, M, Kx)
+  const auto& w = inputs[1];                        // (A3, A2, N, row_bytes), row-contiguous: the op made it so
   enc.set_input_array(x);
   enc.set_input_array(w);
   enc.set_output_array(out);

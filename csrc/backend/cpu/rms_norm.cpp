@@ -1,24 +1,26 @@
 #include "csrc/rms_norm.h"
+#include "csrc/backend/cpu/row_major.h"
 #include "kernels/cpu/rms_norm.h"
 #include "mlx/backend/cpu/encoder.h"
 
 namespace mlx_ggml_ext {
 
 void RMSNorm::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
-  const auto& x = inputs[0];  // row-contiguous: the op inserted the copies
-  allocate_like_or_donate(x, out);
+  allocate_like_or_donate(inputs[0], out);  // donated only when x is row-major already
   if (out.size() == 0) return;
+  auto& enc = mx::cpu::get_command_encoder(stream());
+  const auto x = row_major_input(inputs[0], enc);
   const bool weighted = inputs.size() > 1;
+  const auto weight = weighted ? row_major_input(inputs[1], enc) : x;
   const int64_t dim = x.shape(-1);
   const int64_t rows = x.size() / dim;
-  const int64_t groups = weighted ? inputs[1].size() / dim : 1;
+  const int64_t groups = weighted ? weight.size() / dim : 1;
 
-  auto& enc = mx::cpu::get_command_encoder(stream());
   enc.set_input_array(x);
-  if (weighted) enc.set_input_array(inputs[1]);
+  if (weighted) enc.set_input_array(weight);
   enc.set_output_array(out);
   ggml_ext::cpu::RmsNormArgs args{x.data<void>(),
-                                  weighted ? inputs[1].data<void>() : nullptr,
+                                  weighted ? weight.data<void>() : nullptr,
                                   out.data<void>(),
                                   float_type(out.dtype()),
                                   rows,

@@ -1,28 +1,30 @@
 #include "csrc/rope.h"
+#include "csrc/backend/cpu/row_major.h"
 #include "kernels/cpu/rope.h"
-#include "mlx/backend/cpu/encoder.h"
 
 namespace mlx_ggml_ext {
 
 void RoPE::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
-  const auto& x = inputs[0];  // every input row-contiguous: the op inserted the copies
-  const auto& positions = inputs[1];
   const bool has_factors = inputs.size() > 2;
   output_shapes(inputs);  // throws on inputs that do not fit (never divide by zero below)
-  allocate_like_or_donate(x, out);
+  allocate_like_or_donate(inputs[0], out);  // donated only when x is row-major already
   if (out.size() == 0) return;
   const RopeExtent e = rope_extent(inputs, params_);
   // Lives until the task has run.
   auto ramp = std::make_shared<const std::vector<float>>(rope_ramp(params_));
 
   auto& enc = mx::cpu::get_command_encoder(stream());
-  for (const auto& in : inputs) enc.set_input_array(in);
+  std::vector<mx::array> rows;
+  for (const auto& in : inputs) rows.push_back(row_major_input(in, enc));
+  const auto& x = rows[0];
+  const auto& positions = rows[1];
+  for (const auto& in : rows) enc.set_input_array(in);
   enc.set_output_array(out);
   ggml_ext::cpu::RopeArgs args{x.data<void>(),
                                out.data<void>(),
                                float_type(out.dtype()),
                                positions.data<int32_t>(),
-                               has_factors ? inputs[2].data<float>() : nullptr,
+                               has_factors ? rows[2].data<float>() : nullptr,
                                ramp->empty() ? nullptr : ramp->data(),
                                e.batches,
                                e.tokens,
