@@ -48,7 +48,10 @@ def _use_float_products(monkeypatch):
 
     def head(self, x):
         return x @ ops.dequantize(self.weight, self.ggml_type, (self.num_embeddings, self.dims)).T
+    def experts(self, x, ids):  # (T, X, K), (T, U) -> (T, U, N): the chosen experts' float matrices
+        return (self.tensor.dequantize()[ids] @ x[..., None])[..., 0]
     monkeypatch.setattr(gnn.GGMLLinear, "__call__", linear)
+    monkeypatch.setattr(gnn.GGMLSwitchLinear, "product", experts)
     monkeypatch.setattr(gnn.GGMLEmbedding, "as_linear", head)
 
 

@@ -83,7 +83,8 @@ def load(path: "str | os.PathLike", *, tokenizer: bool = True, progress: Progres
     built from the file's vocabulary (None when `tokenizer=False`). `progress(done, total)` is called as the
     model's modules receive their tensors.
 
-    Raises NotImplementedError for an architecture other than llama, qwen2, qwen3, gemma3, phi3."""
+    Raises NotImplementedError for an architecture other than llama (Mixtral-style experts included), qwen2,
+    qwen3, qwen3moe, gemma3, phi3."""
     gguf_file = _gguf.load(path)
     architecture_of(gguf_file.metadata)  # the clear error before anything else
     model = build_model(gguf_file, progress, fused_ops)

@@ -1,0 +1,52 @@
+// mul_mat_id by expert: a counting sort of the (token, slot) pairs by their expert, the rows of each expert
+// gathered into one contiguous block, one quantized_matmul (matmul.cpp: SIMD dots, weight rows split over the
+// thread pool) per expert that has rows, and the results scattered back to their pairs. An expert's weight is
+// therefore streamed once per call (prefill: many tokens share it), and the product of each expert keeps every
+// thread busy. The gather and scatter copy T x n_used rows; next to the weight bytes they are small.
+#include "kernels/cpu/mul_mat_id.h"
+
+#include <cstring>
+#include <vector>
+
+#include "kernels/cpu/isa.h"
+#include "kernels/cpu/matmul.h"
+
+namespace ggml_ext::cpu {
+namespace GGML_EXT_ISA {
+
+void mul_mat_id(const MulMatIdArgs& a) {
+  const int64_t pairs = a.T * a.n_used;
+  if (pairs == 0) return;
+  const int64_t x_cols = a.transpose ? a.N : a.K, out_cols = a.transpose ? a.K : a.N;
+  const int64_t x_row = x_cols * float_type_bytes(a.x_type), out_row = out_cols * float_type_bytes(a.out_type);
+
+  // first[e] .. first[e + 1]: the positions of expert e's pairs in `order` (pairs keep their order within one).
+  std::vector<int64_t> first(a.E + 1, 0);
+  for (int64_t p = 0; p < pairs; ++p) ++first[a.ids[p] + 1];
+  for (int64_t e = 0; e < a.E; ++e) first[e + 1] += first[e];
+  std::vector<int64_t> order(pairs), next(first.begin(), first.end() - 1);
+  for (int64_t p = 0; p < pairs; ++p) order[next[a.ids[p]]++] = p;
+
+  std::vector<uint8_t> rows(pairs * x_row), results(pairs * out_row);
+  const auto* x = static_cast<const uint8_t*>(a.x);
+  for (int64_t i = 0; i < pairs; ++i) {
+    const int64_t t = order[i] / a.n_used, s = a.x_slots == 1 ? 0 : order[i] % a.n_used;
+    std::memcpy(rows.data() + i * x_row, x + (t * a.x_slots + s) * x_row, x_row);
+  }
+  const auto* w = static_cast<const uint8_t*>(a.w);
+  for (int64_t e = 0; e < a.E; ++e) {
+    const int64_t count = first[e + 1] - first[e];
+    if (count == 0) continue;
+    MatmulArgs m{rows.data() + first[e] * x_row, a.x_type, w + e * a.N * a.row_bytes, a.w_type,
+                 results.data() + first[e] * out_row, a.out_type, count, a.N, a.K, a.transpose};
+    ::ggml_ext::cpu::quantized_matmul(m);  // the ISA in use
+  }
+  auto* out = static_cast<uint8_t*>(a.out);
+  for (int64_t i = 0; i < pairs; ++i) std::memcpy(out + order[i] * out_row, results.data() + i * out_row, out_row);
+}
+
+}  // namespace GGML_EXT_ISA
+
+GGML_EXT_DISPATCH(mul_mat_id, MulMatIdArgs)
+
+}  // namespace ggml_ext::cpu

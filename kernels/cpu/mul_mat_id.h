@@ -1,0 +1,40 @@
+// ggml's mul_mat_id on the CPU: each token's chosen experts applied to its rows (csrc/mul_mat_id.h has the
+// contract). The kernel groups the (token, slot) pairs by expert and runs the quantized matmul of matmul.h once
+// per expert on that expert's rows gathered together, so an expert's blocks are read once per call however many
+// tokens route to it.
+#pragma once
+#include <cstdint>
+
+#include "kernels/cpu/types.h"
+
+namespace ggml_ext::cpu {
+
+//   forward (transpose == false):   out[t, s, :] (N) = W[ids[t, s]] (N, K) @ x[t, s or 0, :] (K)
+//   transposed (transpose == true): out[t, s, :] (K) = x[t, s, :] (N) @ W[ids[t, s]] (N, K)   (x's gradient)
+// x: (T, x_slots, x_cols) with x_slots 1 (every slot reads the token's one row) or n_used; out: (T, n_used,
+// out_cols); W: E matrices of N rows of row_bytes bytes of ggml type `w_type`, K elements per row. Every id must
+// be in [0, E): the caller checks them first (first_bad_id).
+struct MulMatIdArgs {
+  const void* x;
+  FloatType x_type;
+  const void* w;
+  int w_type;
+  const int32_t* ids;
+  void* out;
+  FloatType out_type;
+  int64_t T, n_used, x_slots, E, N, K;
+  int64_t row_bytes;
+  bool transpose;
+};
+
+void mul_mat_id(const MulMatIdArgs& args);
+
+// The flat index of the first id outside [0, E), or -1 when all are experts.
+inline int64_t first_bad_id(const int32_t* ids, int64_t count, int64_t E) {
+  for (int64_t i = 0; i < count; ++i) {
+    if (ids[i] < 0 || ids[i] >= E) return i;
+  }
+  return -1;
+}
+
+}  // namespace ggml_ext::cpu
