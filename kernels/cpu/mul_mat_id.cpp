@@ -5,11 +5,14 @@
 // thread busy. The gather and scatter copy T x n_used rows; next to the weight bytes they are small.
 #include "kernels/cpu/mul_mat_id.h"
 
+#include <algorithm>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/parallel.h"
 
 namespace ggml_ext::cpu {
 namespace GGML_EXT_ISA {
@@ -27,22 +30,29 @@ void mul_mat_id(const MulMatIdArgs& a) {
   std::vector<int64_t> order(pairs), next(first.begin(), first.end() - 1);
   for (int64_t p = 0; p < pairs; ++p) order[next[a.ids[p]]++] = p;
 
-  std::vector<uint8_t> rows(pairs * x_row), results(pairs * out_row);
+  // Uninitialized (every byte is written before it is read), and the copies over the thread pool: in prefill
+  // they move T x n_used rows each way.
+  std::unique_ptr<uint8_t[]> rows(new uint8_t[pairs * x_row]), results(new uint8_t[pairs * out_row]);
+  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(1, x_row + out_row));
   const auto* x = static_cast<const uint8_t*>(a.x);
-  for (int64_t i = 0; i < pairs; ++i) {
-    const int64_t t = order[i] / a.n_used, s = a.x_slots == 1 ? 0 : order[i] % a.n_used;
-    std::memcpy(rows.data() + i * x_row, x + (t * a.x_slots + s) * x_row, x_row);
-  }
+  parallel_for(pairs, grain, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t t = order[i] / a.n_used, s = a.x_slots == 1 ? 0 : order[i] % a.n_used;
+      std::memcpy(rows.get() + i * x_row, x + (t * a.x_slots + s) * x_row, x_row);
+    }
+  });
   const auto* w = static_cast<const uint8_t*>(a.w);
   for (int64_t e = 0; e < a.E; ++e) {
     const int64_t count = first[e + 1] - first[e];
     if (count == 0) continue;
-    MatmulArgs m{rows.data() + first[e] * x_row, a.x_type, w + e * a.N * a.row_bytes, a.w_type,
-                 results.data() + first[e] * out_row, a.out_type, count, a.N, a.K, a.transpose};
+    MatmulArgs m{rows.get() + first[e] * x_row, a.x_type, w + e * a.N * a.row_bytes, a.w_type,
+                 results.get() + first[e] * out_row, a.out_type, count, a.N, a.K, a.transpose};
     ::ggml_ext::cpu::quantized_matmul(m);  // the ISA in use
   }
   auto* out = static_cast<uint8_t*>(a.out);
-  for (int64_t i = 0; i < pairs; ++i) std::memcpy(out + order[i] * out_row, results.data() + i * out_row, out_row);
+  parallel_for(pairs, grain, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) std::memcpy(out + order[i] * out_row, results.get() + i * out_row, out_row);
+  });
 }
 
 }  // namespace GGML_EXT_ISA
