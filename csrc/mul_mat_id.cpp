@@ -10,11 +10,6 @@ namespace {
 constexpr const char* kOp = "mul_mat_id";
 constexpr const char* kShapelessHint = " (a function compiled with shapeless=True called with other shapes?)";
 
-int64_t row_elements(int type, int64_t row_bytes) {
-  const auto info = ggml_type_info(type, kOp);
-  return row_bytes / info.type_size * info.block_size;
-}
-
 mx::array product_node(const mx::array& x, const mx::array& w, const mx::array& ids, int type, bool transpose,
                        const mx::Stream& s) {
   auto prim = std::make_shared<MulMatId>(s, type, transpose);
@@ -112,7 +107,7 @@ std::vector<mx::Shape> MulMatId::output_shapes(const std::vector<mx::array>& inp
                                     " do not make a product: x (T, n_used or 1, K), experts (E, N, bytes per row), "
                                     "ids (T, n_used)", kShapelessHint, "."));
   }
-  const int64_t K = row_elements(type_, w.shape(2));
+  const int64_t K = w.shape(2) / info.type_size * info.block_size;
   const int64_t x_cols = transpose_ ? w.shape(1) : K;
   const bool slots_fit = x.shape(1) == ids.shape(1) || (!transpose_ && x.shape(1) == 1);
   if (x.shape(2) != x_cols || x.shape(0) != ids.shape(0) || !slots_fit) {

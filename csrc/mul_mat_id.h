@@ -33,9 +33,6 @@ class MulMatId : public mx::UnaryPrimitive {
   bool is_equivalent(const mx::Primitive& other) const override;
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override;
 
-  int ggml_type() const { return type_; }
-  bool transpose() const { return transpose_; }
-
  private:
   int type_;
   bool transpose_;

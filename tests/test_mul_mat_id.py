@@ -193,3 +193,32 @@ def test_compile_and_shapeless_compile():
         assert nmse(to_numpy(fs(mx.array(x), mx.array(ids))), expected(dense, x, ids)) <= QUANT_NMSE
     with pytest.raises(ValueError, match="does not fit the Q8_0 experts"):
         fs(mx.ones((2, 1, 32)), mx.zeros((2, 2), mx.int32))
+
+
+# ----------------------------------------------------------------------------- nn: mlx-lm's switch layers
+
+def test_switch_linear_is_a_drop_in_for_mlx_lms_switch_glu():
+    """mlx-lm's own SwitchGLU, its three SwitchLinear replaced by GGMLSwitchLinear, against the same SwitchGLU with
+    the decoded float experts: few tokens (gather_mm's unsorted call) and 64 or more indices (mlx-lm sorts the
+    tokens by expert and calls with x (T k, 1, K)); with a bias, and GGMLSwitchGLU (no sort, ops.glu) alike."""
+    from mlx_lm.models.switch_layers import SwitchGLU
+    from mlx_ggml_ext.nn import GGMLSwitchGLU, GGMLSwitchLinear
+    rng = np.random.default_rng(13)
+    E, dims, hidden, used = 6, 256, 64, 2
+    ours, ref = SwitchGLU(dims, hidden, E, bias=True), SwitchGLU(dims, hidden, E, bias=True)
+    for name, (n, k), t in [("gate_proj", (hidden, dims), GGMLType.Q4_K), ("up_proj", (hidden, dims), GGMLType.Q8_0),
+                            ("down_proj", (dims, hidden), GGMLType.Q5_0)]:
+        w, dense = experts(rng, t, E, n, k)
+        bias = mx.array(rng.standard_normal((E, n)).astype(np.float32))
+        setattr(ours, name, GGMLSwitchLinear(w, bias))
+        getattr(ref, name).weight = mx.array(dense.astype(np.float32))
+        getattr(ref, name).bias = bias
+    glu = GGMLSwitchGLU(ours.gate_proj, ours.up_proj, ours.down_proj)
+    for T in (3, 40):  # 6 and 80 indices
+        x = mx.array(rng.standard_normal((1, T, dims)).astype(np.float32))
+        ids = mx.array(np.stack([rng.permutation(E)[:used] for _ in range(T)]).astype(np.int32)[None])
+        want = to_numpy(ref(x, ids))
+        for layer in (ours, glu):
+            got = layer(x, ids)
+            assert got.shape == (1, T, used, dims)
+            assert nmse(to_numpy(got), want) <= 4 * QUANT_NMSE

@@ -22,8 +22,7 @@ struct MulMatIdArgs {
   const int32_t* ids;
   void* out;
   FloatType out_type;
-  int64_t T, n_used, x_slots, E, N, K;
-  int64_t row_bytes;
+  int64_t T, n_used, x_slots, E, N, K, row_bytes;
   bool transpose;
 };
 
