@@ -111,9 +111,12 @@ NB_MODULE(_ext, m) {
 
   m.def("mul_mat_id",
         [](const mx::array& w, int type, const std::vector<int>& w_shape, const mx::array& x, const mx::array& ids,
-           mx::StreamOrDevice s) { return mul_mat_id(w, type, mx::Shape(w_shape.begin(), w_shape.end()), x, ids, s); },
+           mx::StreamOrDevice s) {
+          return mul_mat_id(w, type, mx::Shape(w_shape.begin(), w_shape.end()), x, ids, s);
+        },
         "w"_a, "ggml_type"_a, "w_shape"_a, "x"_a, "ids"_a, nb::kw_only(), "stream"_a = nb::none(),
-        "ggml_mul_mat_id: experts w (E, N, K) blocks or floats, x (T, n_used or 1, K), ids (T, n_used) -> (T, n_used, N).");
+        "ggml_mul_mat_id: experts w (E, N, K) blocks or floats, x (T, n_used or 1, K), ids (T, n_used)\n"
+        "-> (T, n_used, N).");
 
   m.def("rope",
         [](const mx::array& x, const std::variant<mx::array, int>& positions, int n_dims,
