@@ -153,7 +153,7 @@ def test_unsupported_architecture_is_named(tmp_path):
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    with pytest.raises(NotImplementedError, match=r"'mamba'.*llama, qwen2, qwen3, gemma3, phi3"):
+    with pytest.raises(NotImplementedError, match=r"'mamba'.*llama, qwen2, qwen3, qwen3moe, gemma3, phi3"):
         models.load(path, tokenizer=False)
 
 
