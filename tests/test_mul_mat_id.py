@@ -45,14 +45,17 @@ def random_ids(rng, T, U, E):
                                GGMLType.F32], ids=lambda t: t.name)
 @pytest.mark.parametrize("x_slots", ["per_slot", "broadcast"])
 def test_matches_float64_per_token_and_expert(t, x_slots, cpu_isa):
+    """T = 1 (decode: every expert one row, run in slices of its weight rows, N = 40 ending in a partial slice)
+    and T = 9 (experts with several rows)."""
     rng = np.random.default_rng(int(t) + (x_slots == "broadcast"))
-    E, N, K, T, U = 6, 40, 256, 9, 3
+    E, N, K, U = 6, 40, 256, 3
     w, dense = experts(rng, t, E, N, K)
-    ids = random_ids(rng, T, U, E)
-    x = rng.standard_normal((T, U if x_slots == "per_slot" else 1, K)).astype(np.float32)
-    y = ops.mul_mat_id(w, mx.array(x), mx.array(ids))
-    assert y.shape == (T, U, N) and y.dtype == mx.float32
-    assert nmse(to_numpy(y), expected(dense, x, ids)) <= (FLOAT_NMSE[mx.float32] if t.is_float else QUANT_NMSE)
+    for T in (1, 9):
+        ids = random_ids(rng, T, U, E)
+        x = rng.standard_normal((T, U if x_slots == "per_slot" else 1, K)).astype(np.float32)
+        y = ops.mul_mat_id(w, mx.array(x), mx.array(ids))
+        assert y.shape == (T, U, N) and y.dtype == mx.float32
+        assert nmse(to_numpy(y), expected(dense, x, ids)) <= (FLOAT_NMSE[mx.float32] if t.is_float else QUANT_NMSE)
 
 
 @pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16], ids=str)

@@ -24,9 +24,22 @@ struct MulMatIdArgs {
   FloatType out_type;
   int64_t T, n_used, x_slots, E, N, K, row_bytes;
   bool transpose;
+  // T x n_used x (x_cols + out_cols) elements of scratch (x's and out's float types) for the gathered rows and
+  // their results, or null for the kernel's own (MLX's allocator keeps freed buffers warm; a fresh one faults in).
+  void* scratch;
 };
 
 void mul_mat_id(const MulMatIdArgs& args);
+
+// Where the results start in the scratch (64-byte aligned), and its size.
+inline int64_t mul_mat_id_results_offset(const MulMatIdArgs& a) {
+  const int64_t x_cols = a.transpose ? a.N : a.K;
+  return (a.T * a.n_used * x_cols * float_type_bytes(a.x_type) + 63) / 64 * 64;
+}
+inline int64_t mul_mat_id_scratch_bytes(const MulMatIdArgs& a) {
+  const int64_t out_cols = a.transpose ? a.K : a.N;
+  return mul_mat_id_results_offset(a) + a.T * a.n_used * out_cols * float_type_bytes(a.out_type);
+}
 
 // The flat index of the first id outside [0, E), or -1 when all are experts.
 inline int64_t first_bad_id(const int32_t* ids, int64_t count, int64_t E) {

@@ -21,7 +21,14 @@ void MulMatId::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
   ggml_ext::cpu::MulMatIdArgs args{x.data<void>(), float_type(x.dtype()), w.data<void>(), type_,
                                    ids.data<int32_t>(), out.data<void>(), float_type(out.dtype()),
                                    ids.shape(0), n_used, x.shape(1), E, w.shape(1),
-                                   transpose_ ? out.shape(2) : x.shape(2), w.shape(2), transpose_};
+                                   transpose_ ? out.shape(2) : x.shape(2), w.shape(2), transpose_, nullptr};
+  // The gathered rows and their results in MLX's allocator, whose cache keeps buffers warm between calls (a fresh
+  // allocation of prefill's tens of MB page-faults in on every call), held until the task has run.
+  const int64_t scratch_bytes = ggml_ext::cpu::mul_mat_id_scratch_bytes(args);
+  mx::array scratch({static_cast<int>((scratch_bytes + 4095) / 4096), 4096}, mx::uint8, nullptr, {});  // > 2 GB too
+  scratch.set_data(mx::allocator::malloc(scratch.nbytes()));
+  args.scratch = scratch.data<void>();
+  enc.add_temporary(scratch);
   const int64_t count = static_cast<int64_t>(ids.size());
   enc.dispatch([args, count, E, n_used, out_bytes = out.nbytes()] {
     // ids are data, known only now: a bad one fails the evaluation (MLX rethrows it from mx.eval as a
