@@ -13,6 +13,7 @@
 #include "csrc/attention.h"
 #include "csrc/dequantize.h"
 #include "csrc/glu.h"
+#include "csrc/mul_mat_id.h"
 #include "csrc/quantize.h"
 #include "csrc/quantized_matmul.h"
 #include "csrc/rms_norm.h"
@@ -109,6 +110,15 @@ NB_MODULE(_ext, m) {
         },
         "a"_a, "ggml_type"_a, "a_shape"_a, "b"_a, nb::kw_only(), "stream"_a = nb::none(),
         "ggml_mul_mat in MLX order: a (A3, A2, M, K) blocks or floats, b (B3, B2, N, K) -> (B3, B2, N, M) f32.");
+
+  m.def("mul_mat_id",
+        [](const mx::array& w, int type, const std::vector<int>& w_shape, const mx::array& x, const mx::array& ids,
+           mx::StreamOrDevice s) {
+          return mul_mat_id(w, type, mx::Shape(w_shape.begin(), w_shape.end()), x, ids, s);
+        },
+        "w"_a, "ggml_type"_a, "w_shape"_a, "x"_a, "ids"_a, nb::kw_only(), "stream"_a = nb::none(),
+        "ggml_mul_mat_id: experts w (E, N, K) blocks or floats, x (T, n_used or 1, K), ids (T, n_used)\n"
+        "-> (T, n_used, N).");
 
   m.def("rope",
         [](const mx::array& x, const std::variant<mx::array, int>& positions, int n_dims,

@@ -84,11 +84,7 @@ mx::array product_node(const mx::array& x, const mx::array& w, int type, bool tr
   return mx::array(std::move(shape), out_dtype, std::move(prim), std::move(inputs));
 }
 
-// A float weight's ggml type (from its dtype) and its bytes as uint8 rows; raw blocks pass through.
-struct WeightBytes {
-  mx::array bytes;
-  int type;
-};
+}  // namespace
 
 WeightBytes weight_bytes(const mx::array& w, int ggml_type, const char* op, const char* arg,
                          mx::StreamOrDevice s) {
@@ -113,7 +109,6 @@ WeightBytes weight_bytes(const mx::array& w, int ggml_type, const char* op, cons
   return {mx::reshape(mx::view(row_contiguous(w, s), mx::uint8, s), shape, s), type};
 }
 
-// The elements of a K-long row: a clear error when K does not fill whole blocks of the type.
 int64_t checked_row_bytes(int type, int64_t K, const char* op) {
   const auto info = ggml_type_info(type, op);
   if (K % info.block_size != 0) {
@@ -123,6 +118,8 @@ int64_t checked_row_bytes(int type, int64_t K, const char* op) {
   }
   return ggml_row_bytes(info, K, op);
 }
+
+namespace {
 
 // ggml's broadcasting of a's batch axis over b's (b's a multiple of a's); an empty axis of a only pairs with an
 // empty one of b (no division by 0).

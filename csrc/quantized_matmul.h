@@ -19,6 +19,16 @@ mx::array quantized_matmul(const mx::array& x, const mx::array& w_blocks, int gg
 mx::array mul_mat(const mx::array& a, int ggml_type, const mx::Shape& a_shape, const mx::array& b,
                   mx::StreamOrDevice s = {});
 
+// A float weight's ggml type (from its dtype) and its bytes as uint8 rows; raw blocks pass through (shared with
+// mul_mat_id).
+struct WeightBytes {
+  mx::array bytes;
+  int type;
+};
+WeightBytes weight_bytes(const mx::array& w, int ggml_type, const char* op, const char* arg, mx::StreamOrDevice s);
+// The bytes of a K-long row: a clear error when K does not fill whole blocks of the type.
+int64_t checked_row_bytes(int type, int64_t K, const char* op);
+
 // The primitive behind both. Inputs, both row-contiguous:
 //   x: (B3, B2, M, Kx) float32/float16/bfloat16; against an unbatched weight (A3 = A2 = 1) any (..., Kx),
 //      every leading axis being rows (the output keeps x's leading shape)

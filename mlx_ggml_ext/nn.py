@@ -112,6 +112,86 @@ class GGMLEmbedding(nn.Module):
         return _ext.quantized_matmul(x, self.weight, int(self.ggml_type), precise_x=precise)
 
 
+class GGMLSwitchLinear(nn.Module):
+    """mlx-lm's ``SwitchLinear`` (a mixture-of-experts projection) over E experts kept as ggml blocks: a drop-in
+    for ``mlx_lm.models.switch_layers.SwitchLinear`` inside its ``SwitchGLU`` / ``SwitchMLP``.
+
+    ``weight``: a :class:`GGMLTensor` of shape ``(E, N, K)`` (``num_experts, output_dims, input_dims``); ``bias``:
+    optional float ``(E, N)``. ``__call__(x, indices, sorted_indices=False)`` takes what mlx-lm passes to
+    ``mx.gather_mm``: x ``(..., X, 1, K)`` with X = 1 or indices' last axis, indices ``(..., n_used)``, and returns
+    ``(..., n_used, 1, N)``; the product is :func:`ops.mul_mat_id` (tokens grouped by expert, so sorting them
+    first is not needed). The blocks are frozen, as in :class:`GGMLLinear`.
+    """
+
+    def __init__(self, weight: GGMLTensor, bias: Optional[mx.array] = None):
+        super().__init__()
+        if not isinstance(weight, GGMLTensor):
+            raise TypeError(f"weight must be a GGMLTensor, got {type(weight).__name__}")
+        if len(weight.shape) != 3:
+            raise ValueError(f"weight must be 3-D (num_experts, output_dims, input_dims), got shape {weight.shape}")
+        self.num_experts, self.output_dims, self.input_dims = weight.shape
+        self.ggml_type = weight.ggml_type
+        self.weight = weight.data
+        if bias is not None:
+            if not isinstance(bias, mx.array) or tuple(bias.shape) != (self.num_experts, self.output_dims):
+                raise ValueError(f"bias must be an mlx.core.array of shape ({self.num_experts}, "
+                                 f"{self.output_dims}), got {getattr(bias, 'shape', type(bias).__name__)}")
+            self.bias = bias
+        self.freeze(keys=["weight"])
+
+    def unfreeze(self, *args, **kwargs):
+        super().unfreeze(*args, **kwargs)
+        self.freeze(recurse=False, keys=["weight"])
+        return self
+
+    @property
+    def tensor(self) -> GGMLTensor:
+        return GGMLTensor(self.weight, self.ggml_type, (self.num_experts, self.output_dims, self.input_dims))
+
+    def _extra_repr(self) -> str:
+        return (f"num_experts={self.num_experts}, input_dims={self.input_dims}, output_dims={self.output_dims}, "
+                f"ggml_type={GGMLType(self.ggml_type).name}, bias={'bias' in self}")
+
+    def product(self, x: mx.array, ids: mx.array) -> mx.array:
+        """x (T, 1 or n_used, K), ids (T, n_used) -> (T, n_used, N): the expert products, plus the bias."""
+        y = _ext.mul_mat_id(self.weight, int(self.ggml_type), [self.num_experts, self.output_dims,
+                                                               self.input_dims], x, ids)
+        return y + self["bias"][ids] if "bias" in self else y
+
+    def __call__(self, x: mx.array, indices: mx.array, sorted_indices: bool = False) -> mx.array:
+        if x.ndim < 2 or x.shape[-2] != 1:
+            raise ValueError(f"x must be (..., X, 1, input_dims) as mlx-lm's SwitchLinear takes it, got {x.shape}")
+        lead, used = tuple(indices.shape[:-1]), indices.shape[-1]
+        slots = x.shape[-3] if x.ndim >= 3 else 1
+        x = mx.broadcast_to(x, (*lead, slots, 1, x.shape[-1]))
+        y = self.product(x.reshape(-1, slots, x.shape[-1]), indices.reshape(-1, used))
+        return y.reshape(*lead, used, 1, self.output_dims)
+
+
+class GGMLSwitchGLU(nn.Module):
+    """mlx-lm's ``SwitchGLU`` (``down(act(gate(x)) * up(x))`` through each token's experts) over three
+    :class:`GGMLSwitchLinear`: ``__call__(x (..., K), indices (..., n_used)) -> (..., n_used, K)``. No sort of the
+    tokens (mul_mat_id groups them by expert itself), and the activation is ``ops.glu`` where it has a kernel
+    (CPU, CUDA)."""
+
+    def __init__(self, gate_proj: GGMLSwitchLinear, up_proj: GGMLSwitchLinear, down_proj: GGMLSwitchLinear,
+                 kind: str = "swiglu"):
+        super().__init__()
+        self.gate_proj, self.up_proj, self.down_proj = gate_proj, up_proj, down_proj
+        self.kind = kind
+
+    def __call__(self, x: mx.array, indices: mx.array) -> mx.array:
+        lead, used = tuple(indices.shape[:-1]), indices.shape[-1]
+        rows = x.reshape(-1, 1, x.shape[-1])
+        ids = mx.stop_gradient(indices).reshape(-1, used)
+        gate, up = self.gate_proj.product(rows, ids), self.up_proj.product(rows, ids)
+        if mx.default_device() == mx.cpu or _ext.gpu_backend() == "cuda":
+            h = _ext.glu(gate, up, self.kind)
+        else:
+            h = (nn.silu(gate) if self.kind == "swiglu" else nn.gelu_approx(gate)) * up
+        return self.down_proj.product(h, ids).reshape(*lead, used, self.down_proj.output_dims)
+
+
 NameMap = Union[Mapping[str, str], Callable[[str], Optional[str]]]
 
 
@@ -166,4 +246,5 @@ def load_gguf_linears(model: nn.Module, path: str, names: NameMap) -> list:
     return replace_linear_layers(model, gguf.load(path).tensors, names)
 
 
-__all__ = ["GGMLLinear", "GGMLEmbedding", "replace_linear_layers", "load_gguf_linears"]
+__all__ = ["GGMLLinear", "GGMLEmbedding", "GGMLSwitchLinear", "GGMLSwitchGLU", "replace_linear_layers",
+           "load_gguf_linears"]

@@ -233,3 +233,29 @@ def attention(q: mx.array, k: mx.array, v: mx.array, mask: Union[mx.array, str, 
 
 
 __all__ += ["glu", "attention"]
+
+
+def mul_mat_id(w: Union[GGMLTensor, mx.array], x: mx.array, ids: mx.array, *, stream: Stream = None) -> mx.array:
+    """ggml's ``ggml_mul_mat_id``: each token's rows through the experts its ``ids`` choose (a mixture-of-experts
+    feed-forward), computed on the experts' ggml blocks.
+
+    ``w``: a :class:`GGMLTensor` of logical shape ``(E, N, K)`` (E experts of N x K; any :class:`GGMLType`) or a
+    float array ``(E, N, K)``. ``x``: float32/float16/bfloat16 ``(T, n_used, K)``, or ``(T, 1, K)``: one row per
+    token that every slot reads (ggml's broadcast). ``ids``: integer ``(T, n_used)``, each in ``[0, E)``.
+    Returns ``(T, n_used, N)`` in x's dtype, ``out[t, s] = W[ids[t, s]] @ x[t, s or 0]``. The tokens are grouped by
+    expert, so each expert's blocks are read once per call. An id outside ``[0, E)`` raises ValueError here when
+    ``ids`` is already evaluated, else the evaluation raises (``mx.eval``: RuntimeError with the same message);
+    no weight is read out of bounds. Differentiable in x (the blocks and ids have no gradient); supports vmap
+    (over x, ids and a batch of expert sets), jvp and mx.compile (shapeless too). CPU; CUDA; Metal raises
+    NotImplementedError.
+    """
+    _require_array("x", x)
+    _require_array("ids", ids)
+    if isinstance(w, GGMLTensor):
+        return _ext.mul_mat_id(w.data, int(w.ggml_type), list(w.shape), x, ids, stream=stream)
+    if not isinstance(w, mx.array):
+        raise TypeError(f"w must be a GGMLTensor or an mlx.core.array, got {type(w).__name__}")
+    return _ext.mul_mat_id(w, -1, list(w.shape), x, ids, stream=stream)
+
+
+__all__ += ["mul_mat_id"]

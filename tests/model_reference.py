@@ -3,6 +3,7 @@
 Independent of MLX and of the package: files are written with the `gguf` package's GGUFWriter, read back with
 its GGUFReader and dequantized with `gguf.quants.dequantize`; the forward pass is written from each model's
 math as llama.cpp runs it (ggml's NORMAL rope, adjacent pairs, for `llama`; NEOX, halves, for the others;
+mixtures of experts routed by softmax and top-k with renormalized weights;
 Gemma 3's norms as stored, its embedding scaled by sqrt(hidden), sliding-window layers with base 10000 and
 every 6th layer global). Only the K-quant *bytes* come from the package's quantizer (gguf-py has no K-quant
 quantizer); the reference decodes them with gguf-py."""
@@ -35,6 +36,9 @@ class TinyModel:
     qkv_bias: bool = False
     qk_norm: bool = False
     extra: dict = field(default_factory=dict)
+    experts: int = 0  # a mixture of experts: E experts per layer, `experts_used` of them per token
+    experts_used: int = 0
+    expert_ffn: int = 0  # each expert's feed-forward size (qwen3moe's expert_feed_forward_length; else ffn)
 
     def __post_init__(self):
         self.rope_dims = self.rope_dims or self.head_dim
@@ -77,6 +81,11 @@ def write_model(path: str, m: TinyModel, seed: int = 0) -> None:
         w.add_uint32(f"{a}.attention.sliding_window", m.window)
     for key, value in m.extra.items():
         (w.add_string if isinstance(value, str) else w.add_float32)(f"{a}.{key}", value)
+    if m.experts:
+        w.add_uint32(f"{a}.expert_count", m.experts)
+        w.add_uint32(f"{a}.expert_used_count", m.experts_used)
+        if a == "qwen3moe":
+            w.add_uint32(f"{a}.expert_feed_forward_length", m.expert_ffn)
     counter = [0]
 
     def add_matrix(name, data, qtype):
@@ -89,6 +98,16 @@ def write_model(path: str, m: TinyModel, seed: int = 0) -> None:
         counter[0] += 1
         data = rng.standard_normal((rows, cols)) * (scale or 1 / math.sqrt(cols))
         add_matrix(name, data, qtype)
+
+    def experts(name, rows, cols):
+        """E matrices as one 3-D tensor (ggml ne = (cols, rows, E)), each expert quantized row by row."""
+        types = [t for t in MATRIX_TYPES if cols % 256 == 0 or not t.name.endswith("_K")]
+        qtype = types[counter[0] % len(types)]
+        counter[0] += 1
+        data = rng.standard_normal((m.experts * rows, cols)) / math.sqrt(cols)
+        q = _quantize(data, qtype)
+        q = q.reshape(m.experts, rows, -1)
+        w.add_tensor(name, q, raw_dtype=qtype if q.dtype == np.uint8 else None)
 
     def vector(name, n, mean=1.0, spread=0.1):
         w.add_tensor(name, (mean + spread * rng.standard_normal(n)).astype(np.float32))
@@ -118,6 +137,13 @@ def write_model(path: str, m: TinyModel, seed: int = 0) -> None:
         if a == "gemma3":
             vector(f"{b}.post_attention_norm.weight", m.hidden)
             vector(f"{b}.post_ffw_norm.weight", m.hidden)
+        if m.experts:
+            eff = m.expert_ffn or m.ffn
+            w.add_tensor(f"{b}.ffn_gate_inp.weight", rng.standard_normal((m.experts, m.hidden)).astype(np.float32))
+            experts(f"{b}.ffn_gate_exps.weight", eff, m.hidden)
+            experts(f"{b}.ffn_up_exps.weight", eff, m.hidden)
+            experts(f"{b}.ffn_down_exps.weight", m.hidden, eff)
+            continue
         if a == "phi3":
             matrix(f"{b}.ffn_up.weight", 2 * m.ffn, m.hidden)
         else:
@@ -201,6 +227,23 @@ def gelu_tanh(x):
     return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
 
 
+def moe_ffn(h, b, used: int) -> np.ndarray:
+    """llama.cpp's mixture-of-experts feed-forward (Mixtral, Qwen3-MoE): router probabilities softmax(h @ G^T)
+    over the E experts, each token's `used` most probable experts, their probabilities renormalized to sum 1, and
+    the weighted sum of those experts' SwiGLU feed-forwards down_e(silu(gate_e h) * up_e h)."""
+    logits = h @ b("ffn_gate_inp.weight").T
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    gate, up, down = b("ffn_gate_exps.weight"), b("ffn_up_exps.weight"), b("ffn_down_exps.weight")
+    out = np.zeros_like(h)
+    for t in range(h.shape[0]):
+        chosen = np.argsort(-p[t])[:used]
+        weights = p[t, chosen] / p[t, chosen].sum()
+        for e, wt in zip(chosen, weights):
+            out[t] += wt * (down[e] @ (silu(gate[e] @ h[t]) * (up[e] @ h[t])))
+    return out
+
+
 def forward(W: dict, m: TinyModel, tokens) -> np.ndarray:
     """Logits (T, vocab) of `tokens` at positions 0..T-1."""
     tokens = np.asarray(tokens)
@@ -239,6 +282,9 @@ def forward(W: dict, m: TinyModel, tokens) -> np.ndarray:
             continue
         x = x + o
         h = rms_norm(x, b("ffn_norm.weight"), m.eps)
+        if m.experts:
+            x = x + moe_ffn(h, b, m.experts_used)
+            continue
         if m.arch == "phi3":
             gate_up = h @ b("ffn_up.weight").T
             gate, up = gate_up[:, :m.ffn], gate_up[:, m.ffn:]
@@ -258,4 +304,8 @@ TINY_MODELS = {
     "qwen3": TinyModel("qwen3", qk_norm=True, head_dim=128, base=1e6, eps=1e-6),
     "gemma3": TinyModel("gemma3", n_layers=6, qk_norm=True, tied=True, window=4, eps=1e-6, base=1e6),
     "phi3": TinyModel("phi3", n_kv=4),
+    # Mixtral-style: llama with 4 experts, 2 per token, each of the llama feed-forward's size
+    "mixtral": TinyModel("llama", experts=4, experts_used=2, ffn=256),
+    "qwen3moe": TinyModel("qwen3moe", qk_norm=True, head_dim=128, base=1e6, eps=1e-6, experts=8, experts_used=3,
+                          expert_ffn=256),
 }

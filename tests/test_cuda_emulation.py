@@ -87,6 +87,11 @@ class QuantizedMatmulArgs(ctypes.Structure):
                                               "ratio3")] + [("out_f32", ctypes.c_bool)]
 
 
+class MulMatIdArgs(ctypes.Structure):
+    _fields_ = [("x", ctypes.c_void_p), ("w", ctypes.c_void_p), ("ids", ctypes.c_void_p), ("y", ctypes.c_void_p)] + \
+               [(n, ctypes.c_int64) for n in ("t", "n_used", "x_slots", "e", "n", "k", "row_bytes")]
+
+
 @pytest.fixture(scope="module")
 def kernels(tmp_path_factory):
     out = tmp_path_factory.mktemp("cuda_emulation")
@@ -590,3 +595,38 @@ def test_decode_float_weights(kernels, t, x_type, m):
     assert nmse(got, expected) < bound
     got, expected = matmul_case(kernels, t, F32, m, False, batch=(2, 4), w_batch=(1, 2))
     assert nmse(got, expected) < 1e-10
+
+
+# ----------------------------------------------------------------------------- mul_mat_id
+
+@pytest.mark.parametrize("t", [GGMLType.Q4_0, GGMLType.Q4_K, GGMLType.Q8_0, GGMLType.IQ4_XS, GGMLType.F16,
+                               GGMLType.F32], ids=lambda t: t.name)
+@pytest.mark.parametrize("x_type", [F32, BF16])
+@pytest.mark.parametrize("transpose, x_slots", [(False, "per_slot"), (False, "broadcast"), (True, "per_slot")],
+                         ids=["forward", "broadcast_x", "transposed"])
+def test_mul_mat_id(kernels, t, x_type, transpose, x_slots):
+    """Each (token, slot) pair through its expert, ids read by the kernel, against float64 on the decoded experts;
+    a bad id (here E and -1) gives its pair a row of NaN and leaves the others exact. Float rows of K = 259 end
+    inside a 16-element chunk (the tail reads no x past the row)."""
+    rng = np.random.default_rng(int(t) * 10 + x_type + 3 * transpose)
+    E, n, T, used = 5, 33, 4, 3
+    k = 259 if t.is_float else 2 * max(t.block_size, 32)
+    w = np.stack([reference.random_blocks(rng, t.name, n, k) for _ in range(E)])    # (E, N, row_bytes)
+    w_values = np.stack([reference.dequantize(wi, t.name, (n, k)) for wi in w])       # float64 (E, N, K)
+    ids = np.stack([rng.permutation(E)[:used] for _ in range(T)]).astype(np.int32)
+    ids[3, 1], ids[2, 0] = E, -1
+    slots = 1 if x_slots == "broadcast" else used
+    x = stored(rng.standard_normal((T, slots, n if transpose else k)), x_type)
+    y = np.zeros((T, used, k if transpose else n), NP_TYPES[x_type])
+    args = MulMatIdArgs(ptr(x), ptr(w), ptr(ids), ptr(y), T, used, slots, E, n, k, w.shape[-1])
+    assert kernels.emulated_mul_mat_id(args, int(t), x_type, int(transpose)) == 0
+    xs, got = loaded(x, x_type), loaded(y, x_type)
+    for tk in range(T):
+        for s in range(used):
+            if not 0 <= ids[tk, s] < E:
+                assert np.isnan(got[tk, s]).all()
+                continue
+            we, xv = w_values[ids[tk, s]], xs[tk, s if slots > 1 else 0]
+            want = xv @ we if transpose else we @ xv
+            bound = 1e-10 if x_type == F32 else 1e-4  # bfloat16: one rounding of the output
+            assert nmse(got[tk, s], want) < bound, (tk, s)

@@ -48,7 +48,10 @@ def _use_float_products(monkeypatch):
 
     def head(self, x):
         return x @ ops.dequantize(self.weight, self.ggml_type, (self.num_embeddings, self.dims)).T
+    def experts(self, x, ids):  # (T, X, K), (T, U) -> (T, U, N): the chosen experts' float matrices
+        return (self.tensor.dequantize()[ids] @ x[..., None])[..., 0]
     monkeypatch.setattr(gnn.GGMLLinear, "__call__", linear)
+    monkeypatch.setattr(gnn.GGMLSwitchLinear, "product", experts)
     monkeypatch.setattr(gnn.GGMLEmbedding, "as_linear", head)
 
 
@@ -150,7 +153,7 @@ def test_unsupported_architecture_is_named(tmp_path):
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    with pytest.raises(NotImplementedError, match=r"'mamba'.*llama, qwen2, qwen3, gemma3, phi3"):
+    with pytest.raises(NotImplementedError, match=r"'mamba'.*llama, qwen2, qwen3, qwen3moe, gemma3, phi3"):
         models.load(path, tokenizer=False)
 
 

@@ -110,4 +110,25 @@ struct QuantizedMatmulPlan {
 QuantizedMatmulPlan quantized_matmul_plan(const QuantizedMatmulArgs& args, int ggml_type, FloatType x_type,
                                           bool transpose, bool float_x = false);
 
+// ggml's mul_mat_id (csrc/mul_mat_id.h): pair p = token * n_used + slot uses expert ids[p] of `e` matrices of n rows
+// of row_bytes bytes holding k elements each.
+//   forward:    x (t, x_slots, k) -> y (t, n_used, n), y[p] = W[ids[p]] @ x[token, x_slots == 1 ? 0 : slot]
+//   transposed: x (t, n_used, n) -> y (t, n_used, k), y[p] = x[p] @ W[ids[p]]
+// y has x's type. An id outside [0, e) gives its pair a row of NaN (nothing outside the experts is read).
+struct MulMatIdArgs {
+  const void* x;
+  const void* w;
+  const int32_t* ids;
+  void* y;
+  int64_t t;
+  int64_t n_used;
+  int64_t x_slots;
+  int64_t e;
+  int64_t n;
+  int64_t k;
+  int64_t row_bytes;
+};
+// kernel == nullptr for a type id the kernels do not know.
+KernelLaunch mul_mat_id_launch(const MulMatIdArgs& args, int ggml_type, FloatType x_type, bool transpose);
+
 }  // namespace ggml_ext::cuda

@@ -87,7 +87,8 @@ def load(path: "str | os.PathLike", *, tokenizer: bool = True, progress: Progres
     int8 passes on the CPU (ggml's one pass loses about 1 top-1 token in 20 to a float64 forward on Gemma 3;
     docs/models.md), at about a third more time for the head at decode.
 
-    Raises NotImplementedError for an architecture other than llama, qwen2, qwen3, gemma3, phi3."""
+    Raises NotImplementedError for an architecture other than llama (Mixtral-style experts included), qwen2,
+    qwen3, qwen3moe, gemma3, phi3."""
     gguf_file = _gguf.load(path)
     architecture_of(gguf_file.metadata)  # the clear error before anything else
     model = build_model(gguf_file, progress, fused_ops, precise_head)

@@ -11,10 +11,11 @@ from typing import Any, Mapping, Optional
 
 import numpy as np
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3", "phi3")
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma3", "phi3")
 
 # mlx-lm's module (mlx_lm.models.<name>) for each architecture.
-MLX_LM_MODULES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text", "phi3": "phi3"}
+MLX_LM_MODULES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3moe": "qwen3_moe",
+                  "gemma3": "gemma3_text", "phi3": "phi3"}
 
 # Values llama.cpp supplies itself when a GGUF does not carry them (src/llama-model.cpp's hparams loading).
 LLAMA_CPP_DEFAULTS = {
@@ -88,6 +89,20 @@ def _rope_scaling(meta, arch: str, context: int) -> Optional[dict]:
                               f"supported: linear, yarn, and llama3's rope_freqs tensor")
 
 
+def _mixture_of_experts(args: dict, get, tensor_shapes, n_layers: int, arch: str) -> None:
+    """The expert counts of a mixture-of-experts file ({arch}.expert_count, expert_used_count) into `args`, under
+    the names of mlx-lm's qwen3_moe (num_experts) and mixtral (num_local_experts). llama.cpp's MoE feed-forward, as
+    mlx-lm's: softmax over the router's logits, the top expert_used_count, their weights normalized to sum 1."""
+    experts, used = int(get("expert_count")), int(get("expert_used_count"))
+    if not 0 < used <= experts:
+        raise ValueError(f"{arch}: expert_used_count {used} must be in [1, expert_count = {experts}]")
+    if any(f"blk.{i}.ffn_gate_exps.weight" not in tensor_shapes and f"blk.{i}.ffn_gate_inp.weight" in tensor_shapes
+           for i in range(n_layers)):
+        raise NotImplementedError(f"{arch}: experts stored one tensor each (blk.N.ffn_gate.E.weight, older "
+                                  "converters) are not supported; reconvert to ffn_{gate,up,down}_exps")
+    args.update(num_experts=experts, num_local_experts=experts, num_experts_per_tok=used)
+
+
 def model_config(metadata: Mapping[str, Any], tensor_shapes: Mapping[str, tuple]) -> GGUFModelConfig:
     """The config of a GGUF file from its metadata and tensor shapes (MLX order)."""
     meta = metadata
@@ -138,7 +153,13 @@ def model_config(metadata: Mapping[str, Any], tensor_shapes: Mapping[str, tuple]
     if rope_dims != head_dim and arch != "phi3":
         raise NotImplementedError(f"{arch}: partial rotary embedding ({rope_dims} of {head_dim} dims)")
 
-    if arch == "llama":
+    if arch == "llama" and "blk.0.ffn_gate_inp.weight" in tensor_shapes:
+        _mixture_of_experts(args, get, tensor_shapes, n_layers, arch)  # Mixtral: llama with experts
+        if head_dim != hidden // n_heads:
+            raise NotImplementedError(f"llama with experts: head size {head_dim} != hidden / heads "
+                                      f"({hidden // n_heads}), which mlx-lm's mixtral assumes")
+        args.update(model_type="mixtral", rope_traditional=True)
+    elif arch == "llama":
         args.update(head_dim=head_dim, rope_traditional=True, attention_bias="blk.0.attn_q.bias" in tensor_shapes,
                     mlp_bias="blk.0.ffn_up.bias" in tensor_shapes)
     elif arch == "qwen2":
@@ -146,6 +167,11 @@ def model_config(metadata: Mapping[str, Any], tensor_shapes: Mapping[str, tuple]
             raise NotImplementedError(f"qwen2: head size {head_dim} != hidden / heads ({hidden // n_heads})")
     elif arch == "qwen3":
         args.update(head_dim=head_dim)
+    elif arch == "qwen3moe":
+        _mixture_of_experts(args, get, tensor_shapes, n_layers, arch)
+        args.update(head_dim=head_dim, moe_intermediate_size=int(get("expert_feed_forward_length")),
+                    decoder_sparse_step=1, norm_topk_prob=True,
+                    mlp_only_layers=[i for i in range(n_layers) if f"blk.{i}.ffn_gate_inp.weight" not in tensor_shapes])
     elif arch == "phi3":
         if head_dim != hidden // n_heads:
             raise NotImplementedError(f"phi3: head size {head_dim} != hidden / heads ({hidden // n_heads})")

@@ -5,7 +5,8 @@ and the feed-forward's activation (several single-threaded elementwise passes) t
 `ops.attention` and `ops.glu` do the same math in one threaded SIMD kernel each. Elsewhere the model keeps MLX's
 ops: ops.attention has no GPU kernel, and neither op has a Metal kernel.
 
-- The feed-forward: each layer's `mlp` is replaced by a `GatedMLP` holding the same projection layers.
+- The feed-forward: each layer's `mlp` is replaced by a `GatedMLP` holding the same projection layers; a mixture of
+  experts' `switch_mlp` by a `GGMLSwitchGLU` over its expert layers.
 - Attention: mlx-lm's attention modules call the `scaled_dot_product_attention` of their own module. That name is
   pointed at `_dispatching_attention`, which takes the package's kernel only while one of *our* models is being
   called (a thread-local flag set by `FusedOpsModel.__call__`) and otherwise is exactly mlx-lm's function, so
@@ -22,6 +23,7 @@ import mlx.nn as nn
 from mlx_lm.models import base as _mlx_lm_base
 
 from .. import _ext, ops
+from ..nn import GGMLSwitchGLU
 from .rope import GGMLRoPE
 
 _mlx_lm_attention = _mlx_lm_base.scaled_dot_product_attention
@@ -67,14 +69,20 @@ class GatedMLP(nn.Module):
 
 
 # ggml's activation of each architecture's feed-forward (Gemma: GELU with the tanh approximation).
-GLU_KIND = {"llama": "swiglu", "qwen2": "swiglu", "qwen3": "swiglu", "phi3": "swiglu", "gemma3": "geglu"}
+GLU_KIND = {"llama": "swiglu", "qwen2": "swiglu", "qwen3": "swiglu", "qwen3moe": "swiglu", "phi3": "swiglu",
+            "gemma3": "geglu"}
 
 
 def use_fused_ops(model: nn.Module, architecture: str, mlx_lm_module: str) -> None:
     """Swaps each layer's feed-forward for a GatedMLP and MLX's plain rotary embedding for GGMLRoPE, and routes
     the architecture's attention through `_dispatching_attention` (see the module docstring)."""
     for layer in model.layers:
-        layer.mlp = GatedMLP(layer.mlp, GLU_KIND[architecture])
+        moe = layer.get("block_sparse_moe") or layer.get("mlp")
+        if moe is not None and "switch_mlp" in moe:  # experts: one GGMLSwitchGLU (unsorted tokens, ops.glu)
+            s = moe.switch_mlp
+            moe.switch_mlp = GGMLSwitchGLU(s.gate_proj, s.up_proj, s.down_proj, GLU_KIND[architecture])
+        else:
+            layer.mlp = GatedMLP(layer.mlp, GLU_KIND[architecture])
         if type(getattr(layer.self_attn, "rope", None)) is nn.RoPE:  # not the subclasses with scalings of their own
             layer.self_attn.rope = GGMLRoPE(layer.self_attn.rope)
     module = importlib.import_module(f"mlx_lm.models.{mlx_lm_module}")

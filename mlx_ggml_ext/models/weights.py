@@ -1,6 +1,7 @@
 """GGUF tensors into an mlx-lm model: tensor names -> module paths, and the modules that take them.
 
-Every matrix becomes a GGMLLinear over the file's blocks (whatever its type, F16/F32 included), the token
+Every matrix becomes a GGMLLinear over the file's blocks (whatever its type, F16/F32 included), every set of
+experts (E, N, K) a GGMLSwitchLinear, the token
 table a GGMLEmbedding, and every norm a `GGMLRMSNorm` whose weight is the stored vector as it is: llama.cpp's
 converter has already added Gemma's +1 to its norms, so mlx-lm's Gemma norm (which adds it at run time) is
 replaced rather than fed."""
@@ -14,7 +15,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_unflatten
 
-from ..nn import GGMLEmbedding, GGMLLinear, GGMLRMSNorm
+from ..nn import GGMLEmbedding, GGMLLinear, GGMLRMSNorm, GGMLSwitchLinear
 from ..types import GGMLTensor
 
 # mlx-lm module path inside a layer -> the GGUF tensor name inside block N.
@@ -34,6 +35,15 @@ _LAYER_TENSORS = {
     "mlp.up_proj": "ffn_up",
     "mlp.gate_up_proj": "ffn_up",  # phi3: gate rows, then up rows
     "mlp.down_proj": "ffn_down",
+    # mixture of experts: the router and the experts' three (E, N, K) tensors (qwen3moe; Mixtral as llama)
+    "mlp.gate": "ffn_gate_inp",
+    "mlp.switch_mlp.gate_proj": "ffn_gate_exps",
+    "mlp.switch_mlp.up_proj": "ffn_up_exps",
+    "mlp.switch_mlp.down_proj": "ffn_down_exps",
+    "block_sparse_moe.gate": "ffn_gate_inp",
+    "block_sparse_moe.switch_mlp.gate_proj": "ffn_gate_exps",
+    "block_sparse_moe.switch_mlp.up_proj": "ffn_up_exps",
+    "block_sparse_moe.switch_mlp.down_proj": "ffn_down_exps",
 }
 # Gemma 3 normalizes the attention output before the residual: its post_attention_layernorm is that norm.
 _ARCH_LAYER_TENSORS = {"gemma3": {"post_attention_layernorm": "post_attention_norm"}}
@@ -110,6 +120,12 @@ def attach_weights(model: nn.Module, tensors: Mapping[str, GGMLTensor], architec
                 raise ValueError(f"{path}: the model {'expects' if 'bias' in module else 'has no'} a bias, and "
                                  f"the file {'has' if bias is not None else 'lacks'} {bias_name}")
             replacements.append((path, GGMLLinear(tensor, bias, precise_x=precise_head and name == "output")))
+        elif type(module).__name__ == "SwitchLinear":  # mlx-lm's expert projections
+            shape = (module.num_experts, module.output_dims, module.input_dims)
+            if tuple(tensor.shape) != shape or bias_name in tensors or "bias" in module:
+                raise ValueError(f"{weight_name} has shape {tensor.shape}, the model's {path} (experts, out, in) = "
+                                 f"{shape} without a bias")
+            replacements.append((path, GGMLSwitchLinear(tensor)))
         elif _is_norm(module):
             replacements.append((path, _norm(module, float_vector(tensor, weight_name), path)))
         else:

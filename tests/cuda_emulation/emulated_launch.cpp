@@ -284,6 +284,12 @@ int emulated_dequantize(kc::DequantizeArgs args, int ggml_type, int out_type) {
   return run(kc::dequantize_launch(args, ggml_type, static_cast<kc::FloatType>(out_type)), args);
 }
 
+int emulated_mul_mat_id(kc::MulMatIdArgs args, int ggml_type, int x_type, int transpose) {
+  const kc::KernelLaunch launch =
+      kc::mul_mat_id_launch(args, ggml_type, static_cast<kc::FloatType>(x_type), transpose != 0);
+  return launch.kernel ? run(launch, args) : 1;
+}
+
 int emulated_quantized_matmul(kc::QuantizedMatmulArgs args, int ggml_type, int x_type, int transpose) {
   const kc::QuantizedMatmulPlan plan =
       kc::quantized_matmul_plan(args, ggml_type, static_cast<kc::FloatType>(x_type), transpose != 0);

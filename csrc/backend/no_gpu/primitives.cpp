@@ -2,6 +2,7 @@
 #include "csrc/attention.h"
 #include "csrc/dequantize.h"
 #include "csrc/glu.h"
+#include "csrc/mul_mat_id.h"
 #include "csrc/quantize.h"
 #include "csrc/quantized_matmul.h"
 #include "csrc/rms_norm.h"
@@ -16,5 +17,6 @@ MLX_GGML_EXT_NO_GPU_KERNEL(Quantize)
 MLX_GGML_EXT_NO_GPU_KERNEL(QuantizedMatmul)
 MLX_GGML_EXT_NO_GPU_KERNEL(GLU)
 MLX_GGML_EXT_NO_GPU_KERNEL(Attention)
+MLX_GGML_EXT_NO_GPU_KERNEL(MulMatId)
 
 }  // namespace mlx_ggml_ext
