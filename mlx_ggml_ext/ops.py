@@ -235,6 +235,16 @@ def attention(q: mx.array, k: mx.array, v: mx.array, mask: Union[mx.array, str, 
 __all__ += ["glu", "attention"]
 
 
+def evaluate_ids_on_gpu(ids: mx.array, stream: Stream = None) -> None:
+    """On a GPU stream mul_mat_id's kernel cannot report a bad expert index (it would give a NaN row), so the
+    ids are evaluated here and the op checks them on the host when the graph is built: one synchronization per
+    call on the GPU. The CPU kernel checks lazy ids itself."""
+    device = stream.device if isinstance(stream, mx.Stream) else stream if isinstance(stream, mx.Device) \
+        else mx.default_device()
+    if device.type == mx.DeviceType.gpu:
+        mx.eval(ids)
+
+
 def mul_mat_id(w: Union[GGMLTensor, mx.array], x: mx.array, ids: mx.array, *, stream: Stream = None) -> mx.array:
     """ggml's ``ggml_mul_mat_id``: each token's rows through the experts its ``ids`` choose (a mixture-of-experts
     feed-forward), computed on the experts' ggml blocks.
@@ -251,6 +261,7 @@ def mul_mat_id(w: Union[GGMLTensor, mx.array], x: mx.array, ids: mx.array, *, st
     """
     _require_array("x", x)
     _require_array("ids", ids)
+    evaluate_ids_on_gpu(ids, stream)
     if isinstance(w, GGMLTensor):
         return _ext.mul_mat_id(w.data, int(w.ggml_type), list(w.shape), x, ids, stream=stream)
     if not isinstance(w, mx.array):

@@ -47,7 +47,8 @@ def seed_files(directory: Path) -> list:
     rng = np.random.default_rng(0)
     w = mx.array(rng.standard_normal((4, 64)).astype(np.float32))
     tensors = {"f32": np.arange(8, dtype=np.float32), "f16": np.ones((2, 32), np.float16),
-               **{t.name.lower(): GGMLTensor(ops.quantize(w[:, :64] if t.block_size <= 64 else mx.tile(w, (1, 4)), t),
+               **{t.name.lower(): GGMLTensor(ops.quantize(w[:, :64] if t.block_size <= 64 else mx.tile(w, (1, 4)), t,
+                                                      stream=mx.cpu),
                                              t, (4, 64 if t.block_size <= 64 else 256))
                   for t in (GGMLType.Q4_0, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.MXFP4)}}
     metadata = {"general.architecture": "fuzz", "general.name": "seed", "u8": Value(7, ValueType.UINT8),
