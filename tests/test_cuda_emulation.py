@@ -361,7 +361,9 @@ def test_quantized_matmul_broadcasting(kernels, t, m, transpose):
 # Held to the rule of the GPU suite (tests/test_matmul.py): NMSE against exact math at most 1.1 times that of
 # ggml's own CPU scheme (emulated below) and at most 2e-4. Float weights keep the float kernel (rounding only).
 
-QUANT_TYPES = [t for t in GGMLType if not t.is_float]
+# The decoded types (IQ grids, ternary: reference.GGUF_DECODED) have no integer-dot format: at m <= 8 they take
+# the tiled kernels, which the tests above run on them (test_quantized_matmul_float32, _half_inputs).
+QUANT_TYPES = [t for t in GGMLType if not t.is_float and t.name not in reference.GGUF_DECODED]
 FLOAT_WEIGHTS = [t for t in GGMLType if t.is_float]
 
 

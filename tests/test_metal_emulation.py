@@ -235,7 +235,7 @@ def check_rms_norm(metal, dtype, dim, rows, weighted, in_place=False):
 # dequantize
 # ---------------------------------------------------------------------------------------------------
 QUANT_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL",
-               "IQ4_XS", "MXFP4"]
+               "IQ4_XS", "MXFP4", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0"]
 FLOAT_TYPES = ["F32", "F16", "BF16"]
 
 

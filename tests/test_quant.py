@@ -20,9 +20,13 @@ QUANT_TYPES = [t for t in GGMLType if not t.is_float]
 EXACT_QUANTIZE = [GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0,
                   GGMLType.Q5_1, GGMLType.Q8_0, GGMLType.MXFP4]
 K_QUANTIZE = [GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K]
-NOT_QUANTIZABLE = [GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.IQ4_NL, GGMLType.IQ4_XS]
-# Byte offsets of each block's float16 scale fields (from the SPEC's field order).
+# The grid and ternary types (ggml quantizes the grid ones with an importance matrix and long searches).
+GRID_TYPES = [GGMLType[name] for name in reference.GGUF_DECODED]
+NOT_QUANTIZABLE = [GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.IQ4_NL, GGMLType.IQ4_XS] + GRID_TYPES
+# Byte offsets of each block's float16 scale fields (from the SPEC's field order); IQ1_M's d is split into the
+# top nibbles of four words (with_scales writes it there).
 HALF_FIELDS = {GGMLType[name]: offsets for name, offsets in reference.SCALE_FIELDS.items()}
+HALF_FIELDS[GGMLType.IQ1_M] = [reference.IQ1M_SCALE_OFFSET]
 # NaN payloads follow x86's (first operand) propagation in numpy and in the CPU kernels; elsewhere numpy may
 # differ, and a GPU's arithmetic returns its one canonical NaN (NaN positions are compared everywhere).
 X86 = platform.machine().lower() in ("x86_64", "amd64")
@@ -52,6 +56,9 @@ def with_scales(blocks: np.ndarray, t: GGMLType, halves) -> np.ndarray:
     """Rows of blocks with every float16 scale field set from `halves` (cycled)."""
     out = blocks.copy().reshape(-1, t.type_size)
     bits = np.asarray(halves, np.float16).view(np.uint16)
+    if t == GGMLType.IQ1_M:
+        reference.set_iq1m_scales(out, bits[np.arange(out.shape[0]) % bits.size].view(np.float16))
+        return out.reshape(blocks.shape)
     for i in range(out.shape[0]):
         for j, off in enumerate(HALF_FIELDS[t]):
             out[i, off:off + 2] = np.array([bits[(i + j) % bits.size]], np.uint16).view(np.uint8)

@@ -80,9 +80,18 @@ GGML_EXT_FN uint32_t ggml_ext_iq_ksigns(uint32_t s7) {
   return s7 | ((p & 1u) << 7);
 }
 
-// (scale * value) * (+1 or -1, bit j of signs): the product first, as ggml and gguf.
+// (scale * value) * (+1 or -1, bit j of signs): the product first, as ggml and gguf. A real multiplication by a
+// factor made from its bits: written as `c ? -1.0f : 1.0f`, GCC turns it into a conditional negation, which
+// flips a NaN's sign where the multiplication (x86, numpy) keeps it.
 GGML_EXT_FN float ggml_ext_iq_signed(float scale, int value, uint32_t signs, int j) {
-  return scale * (float)value * (((signs >> j) & 1u) ? -1.0f : 1.0f);
+  const uint32_t factor = 0x3F800000u | (((signs >> j) & 1u) << 31);
+#if defined(__METAL_VERSION__)
+  return scale * (float)value * as_type<float>(factor);
+#elif defined(__CUDA_ARCH__)
+  return scale * (float)value * __uint_as_float(factor);
+#else
+  return scale * (float)value * ggml_ext_bits_to_f32(factor);
+#endif
 }
 
 // IQ2_XS, IQ2_S: d * (0.5 + nibble) * 0.25 of 16-element chunk c.
