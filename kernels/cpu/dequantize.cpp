@@ -1,6 +1,7 @@
 // Dequantize: each block is decoded 16 elements at a time from its shared layout and scale functions
 // (kernels/common/ggml_blocks.h, which the reference decoders use too) with byte and float vectors, and
-// stored as full vectors; threads take contiguous runs of blocks.
+// stored as full vectors; threads take contiguous runs of blocks. The decoded types (IQ grids, ternary) have no
+// layout: their reference decoders (kernels/common/iq_decoders.h) write each chunk.
 //
 // Built with -ffp-contract=off (cmake/cpu_variants.cmake): a decoder's d*q + m or dl*q - ml must round twice,
 // as ggml and gguf do, for float32 output to be bit-identical.
