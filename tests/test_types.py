@@ -46,3 +46,17 @@ def test_tensor_validates_its_bytes():
         GGMLTensor(mx.zeros((1, 144), dtype=mx.uint8), "q4_k", (1, 300))
     with pytest.raises(TypeError, match="uint8"):
         GGMLTensor(mx.zeros((3, 36), dtype=mx.int8), "q4_0", (3, 64))
+
+
+def test_iq_grids_header_is_ggmls_tables():
+    """kernels/common/iq_grids.h holds exactly the grids of the gguf package (tools/gen_iq_grids.py --check also
+    checks the decoders' value maps against gguf's and the ksigns rule)."""
+    pytest.importorskip("gguf")
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run([sys.executable, str(root / "tools" / "gen_iq_grids.py"), "--check"],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
