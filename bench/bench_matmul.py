@@ -16,11 +16,10 @@ import mlx.core as mx
 import numpy as np
 
 from common import add_run_options, device_name, emit, header, interleaved, timed
-from mlx_ggml_ext import GGMLType, _ext, ops
+from mlx_ggml_ext import GGMLType, _ext, ops, reference
 
 HEADLINE = ["Q4_0", "Q8_0", "Q4_K", "Q6_K"]
 QUANTIZABLE = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "MXFP4", "Q4_K", "Q5_K", "Q6_K"]
-HALF_FIELDS = {"Q2_K": [80, 82], "Q3_K": [108], "IQ4_NL": [0], "IQ4_XS": [0]}
 
 
 def weight_blocks(rng, t: GGMLType, n: int, k: int) -> mx.array:
@@ -28,10 +27,7 @@ def weight_blocks(rng, t: GGMLType, n: int, k: int) -> mx.array:
     scales (the kernels do not branch on values)."""
     if t.name in QUANTIZABLE or t.is_float:
         return ops.quantize(mx.random.normal((n, k), key=mx.random.key(int(rng.integers(1 << 30)))), t)
-    data = rng.integers(0, 256, (n * k // t.block_size, t.type_size), dtype=np.uint8)
-    for off in HALF_FIELDS[t.name]:
-        data[:, off:off + 2] = np.full((data.shape[0], 1), 0.01, np.float16).view(np.uint8)
-    return mx.array(data.reshape(n, -1))
+    return mx.array(reference.random_blocks(rng, t.name, n, k, scales=(0.01, 0.01)))
 
 
 def median_interleaved(contenders, rounds):

@@ -115,10 +115,9 @@ _HEADER = struct.Struct("<4sIQQ")
 # ggml type ids this package does not handle, for error messages (ggml.h).
 _OTHER_GGML_TYPES = {
     4: "Q4_2 (removed from ggml)", 5: "Q4_3 (removed from ggml)", 9: "Q8_1", 15: "Q8_K",
-    16: "IQ2_XXS", 17: "IQ2_XS", 18: "IQ3_XXS", 19: "IQ1_S", 21: "IQ3_S", 22: "IQ2_S",
-    24: "I8", 25: "I16", 26: "I32", 27: "I64", 28: "F64", 29: "IQ1_M",
+    24: "I8", 25: "I16", 26: "I32", 27: "I64", 28: "F64",
     31: "Q4_0_4_4 (removed from GGUF)", 32: "Q4_0_4_8 (removed from GGUF)",
-    33: "Q4_0_8_8 (removed from GGUF)", 34: "TQ1_0", 35: "TQ2_0", 36: "IQ4_NL_4_4 (removed)",
+    33: "Q4_0_8_8 (removed from GGUF)", 36: "IQ4_NL_4_4 (removed)",
     37: "IQ4_NL_4_8 (removed)", 38: "IQ4_NL_8_8 (removed)", 40: "NVFP4", 41: "Q1_0", 42: "Q2_0",
 }
 

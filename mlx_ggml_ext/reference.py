@@ -77,13 +77,45 @@ BLOCKS = {
     "F32": (1, 4), "F16": (1, 2), "BF16": (1, 2), "Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22),
     "Q5_1": (32, 24), "Q8_0": (32, 34), "Q2_K": (256, 84), "Q3_K": (256, 110), "Q4_K": (256, 144),
     "Q5_K": (256, 176), "Q6_K": (256, 210), "IQ4_NL": (32, 18), "IQ4_XS": (256, 136), "MXFP4": (32, 17),
+    "IQ2_XXS": (256, 66), "IQ2_XS": (256, 74), "IQ2_S": (256, 82), "IQ3_XXS": (256, 98), "IQ3_S": (256, 110),
+    "IQ1_S": (256, 50), "IQ1_M": (256, 56), "TQ1_0": (256, 54), "TQ2_0": (256, 66),
 }
+# Types whose values come from ggml's grids (IQ1/IQ2/IQ3) or base-3 packing (TQ1_0), and TQ2_0: decoded here by
+# the `gguf` package's numpy decoder (gguf.quants, an optional dependency), which holds the grids; exact in
+# float32, so as good as float64 for these products.
+GGUF_DECODED = ("IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0")
+# IQ1_M keeps its float16 d in the top nibbles of the four 16-bit words at this byte offset.
+IQ1M_SCALE_OFFSET = 48
 
 # Byte offsets of the float16 scale fields in each block (d, then m or dmin)
 SCALE_FIELDS = {
     "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0], "Q2_K": [80, 82], "Q3_K": [108],
     "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "IQ4_NL": [0], "IQ4_XS": [0],
+    "IQ2_XXS": [0], "IQ2_XS": [0], "IQ2_S": [0], "IQ3_XXS": [0], "IQ3_S": [0], "IQ1_S": [0], "TQ1_0": [52],
+    "TQ2_0": [64],
 }
+
+
+def set_iq1m_scales(blocks: np.ndarray, halves) -> None:
+    """Writes the float16 values `halves` (one per block) as IQ1_M blocks' d, 4 bits into each of the top
+    nibbles of the 16-bit words at IQ1M_SCALE_OFFSET (in place; blocks: (n, 56) uint8)."""
+    bits = np.asarray(halves, np.float16).view(np.uint16).astype(np.uint16)
+    words = np.ascontiguousarray(blocks[:, IQ1M_SCALE_OFFSET:IQ1M_SCALE_OFFSET + 8]).view("<u2").copy()
+    for i in range(4):
+        words[:, i] = (words[:, i] & 0x0FFF) | (((bits >> (4 * i)) & 0xF) << 12)
+    blocks[:, IQ1M_SCALE_OFFSET:IQ1M_SCALE_OFFSET + 8] = words.view(np.uint8)
+
+
+def has_decoder(ggml_type: str) -> bool:
+    """Whether dequantize() can decode the type here (the grid types need the `gguf` package)."""
+    name = str(ggml_type).upper().split(".")[-1]
+    if name not in GGUF_DECODED:
+        return name in BLOCKS
+    try:
+        import gguf  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def random_blocks(rng: np.random.Generator, ggml_type: str, rows: int, k: int, scales=(-0.05, 0.05)) -> np.ndarray:
@@ -96,6 +128,8 @@ def random_blocks(rng: np.random.Generator, ggml_type: str, rows: int, k: int, s
         data[:, off:off + 2] = rng.uniform(*scales, (data.shape[0], 1)).astype(np.float16).view(np.uint8)
     if name == "MXFP4":
         data[:, 0] = rng.integers(120, 136, data.shape[0])
+    if name == "IQ1_M":
+        set_iq1m_scales(data, rng.uniform(*scales, data.shape[0]))
     if name in ("F32", "F16", "BF16"):
         x = rng.standard_normal(rows * k).astype(np.float32)
         data = (x.view(np.uint32) >> 16).astype(np.uint16) if name == "BF16" else x.astype(
@@ -136,6 +170,12 @@ def _by_quarters(q: np.ndarray, shifts, mask) -> np.ndarray:
 
 def _decode_blocks(b: np.ndarray, name: str) -> np.ndarray:
     n = b.shape[0]
+    if name in GGUF_DECODED:
+        try:
+            from gguf import GGMLQuantizationType, quants
+        except ImportError:
+            raise ImportError(f"the reference decoder of {name} is the gguf package's: pip install gguf") from None
+        return np.asarray(quants.dequantize(b, GGMLQuantizationType[name]), np.float64).reshape(n, -1)
     if name in ("Q4_0", "Q4_1", "IQ4_NL"):
         off = 4 if name == "Q4_1" else 2
         q = _nibbles(b[:, off:off + 16])

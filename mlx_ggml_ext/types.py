@@ -30,9 +30,18 @@ class GGMLType(enum.IntEnum):
     Q4_K = 12
     Q5_K = 13
     Q6_K = 14
+    IQ2_XXS = 16
+    IQ2_XS = 17
+    IQ3_XXS = 18
+    IQ1_S = 19
     IQ4_NL = 20
+    IQ3_S = 21
+    IQ2_S = 22
     IQ4_XS = 23
+    IQ1_M = 29
     BF16 = 30
+    TQ1_0 = 34
+    TQ2_0 = 35
     MXFP4 = 39
 
     @property
@@ -81,6 +90,9 @@ _LAYOUT = {
     GGMLType.Q2_K: (256, 84), GGMLType.Q3_K: (256, 110), GGMLType.Q4_K: (256, 144),
     GGMLType.Q5_K: (256, 176), GGMLType.Q6_K: (256, 210),
     GGMLType.IQ4_NL: (32, 18), GGMLType.IQ4_XS: (256, 136), GGMLType.MXFP4: (32, 17),
+    GGMLType.IQ2_XXS: (256, 66), GGMLType.IQ2_XS: (256, 74), GGMLType.IQ2_S: (256, 82),
+    GGMLType.IQ3_XXS: (256, 98), GGMLType.IQ3_S: (256, 110), GGMLType.IQ1_S: (256, 50),
+    GGMLType.IQ1_M: (256, 56), GGMLType.TQ1_0: (256, 54), GGMLType.TQ2_0: (256, 66),
 }
 
 

@@ -332,8 +332,11 @@ def test_quantized_matmul_float32(kernels, t, m, transpose):
 HALF_BOUND = {F16: 2e-6, BF16: 1e-4}  # one rounding of weight and output: (2^-11)^2 or (2^-8)^2 scale
 
 
-@pytest.mark.parametrize("x_type", [F16, BF16])
-@pytest.mark.parametrize("t", list(GGMLType), ids=lambda t: t.name)
+# The decoded types (IQ grids, ternary) take the same reference-decoder tiles for both half types: float16 only.
+HALF_CASES = [(t, x) for t in GGMLType for x in (F16, BF16) if x == F16 or t.name not in reference.GGUF_DECODED]
+
+
+@pytest.mark.parametrize("t, x_type", HALF_CASES, ids=param_id)
 @pytest.mark.parametrize("m, transpose, out_f32", [(70, False, False), (70, True, True)], ids=str)
 def test_quantized_matmul_half_inputs(kernels, t, x_type, m, transpose, out_f32):
     """float16/bfloat16 x: the tensor-core tiles (the weight rounded to x's type), float32 sums; quantized rows on
@@ -366,7 +369,9 @@ def test_quantized_matmul_broadcasting(kernels, t, m, transpose):
 # Held to the rule of the GPU suite (tests/test_matmul.py): NMSE against exact math at most 1.1 times that of
 # ggml's own CPU scheme (emulated below) and at most 2e-4. Float weights keep the float kernel (rounding only).
 
-QUANT_TYPES = [t for t in GGMLType if not t.is_float]
+# The decoded types (IQ grids, ternary: reference.GGUF_DECODED) have no integer-dot format: at m <= 8 they take
+# the tiled kernels, which the tests above run on them (test_quantized_matmul_float32, _half_inputs).
+QUANT_TYPES = [t for t in GGMLType if not t.is_float and t.name not in reference.GGUF_DECODED]
 FLOAT_WEIGHTS = [t for t in GGMLType if t.is_float]
 
 

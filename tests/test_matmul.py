@@ -43,10 +43,15 @@ def tolerance(t: GGMLType, dtype) -> float:
 
 # ----------------------------------------------------------------------------- forward accuracy
 
-@pytest.mark.parametrize("k", [256, 4096, 11008])
+# The decoded types (IQ grids, ternary) share one CPU path (blocks decoded to float32) and gguf's numpy decoder,
+# their reference here, is slow on long rows: K = 11008 is left to the other types.
+FORWARD_CASES = [(t, k) for t in ALL_TYPES for k in (256, 4096, 11008)
+                 if not (k == 11008 and t.name in reference.GGUF_DECODED)]
+
+
 @pytest.mark.parametrize("m", [1, 2, 7, 33])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("t", ALL_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("t, k", FORWARD_CASES, ids=lambda v: v.name if isinstance(v, GGMLType) else str(v))
 def test_matches_float64_on_the_decoded_weight(t, dtype, m, k):
     rng = np.random.default_rng(int(t) * 1000 + m + k)
     n = 48

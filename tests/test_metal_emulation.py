@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from harness import TOLERANCES
+from mlx_ggml_ext import reference
 from metal_emu import emulator as emu
 from metal_emu.emulator import DTYPES
 
@@ -235,7 +236,7 @@ def check_rms_norm(metal, dtype, dim, rows, weighted, in_place=False):
 # dequantize
 # ---------------------------------------------------------------------------------------------------
 QUANT_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL",
-               "IQ4_XS", "MXFP4"]
+               "IQ4_XS", "MXFP4", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0"]
 FLOAT_TYPES = ["F32", "F16", "BF16"]
 
 
@@ -352,8 +353,7 @@ def check_rope(metal, case, dtype, in_place=False):
 # ---------------------------------------------------------------------------------------------------
 # Byte offsets of the float16 scale fields per type (SPEC block table), set to sane values in random blocks
 # so the products are finite; MXFP4's E8M0 exponent is byte 0.
-SCALE_FIELDS = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0], "Q2_K": [80, 82],
-                "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "IQ4_NL": [0], "IQ4_XS": [0]}
+SCALE_FIELDS = reference.SCALE_FIELDS  # float16 scale fields by byte offset (IQ1_M's d is split: set apart)
 OUT_TYPES = {"f32": 0, "f16": 1, "bf16": 2}
 
 
@@ -373,6 +373,8 @@ def random_weight(rng, type_name, n, k):
     for offset in SCALE_FIELDS.get(type_name, []):
         scales = rng.uniform(0.002, 0.05, blocks.shape[:2]).astype(np.float16)
         blocks[:, :, offset:offset + 2] = scales.view(np.uint8).reshape(*blocks.shape[:2], 2)
+    if type_name == "IQ1_M":
+        reference.set_iq1m_scales(blocks.reshape(-1, type_size), rng.uniform(0.002, 0.05, n * (k // block_size)))
     w = blocks.reshape(n, -1)
     return w, gguf.quants.dequantize(w, qtype).astype(np.float64).reshape(n, k)
 
@@ -413,8 +415,13 @@ def matmul_k(type_name):
     return 2 * gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[type_name]][0]
 
 
-@pytest.mark.parametrize("x_dtype", list(DTYPES))
-@pytest.mark.parametrize("type_name", QUANT_TYPES + FLOAT_TYPES)
+# The decoded types (IQ grids, ternary) reach the kernels through the same decoder template as the others: float32
+# x only (the tightest bound), to keep the suite's time.
+MATMUL_CASES = [(t, d) for t in QUANT_TYPES + FLOAT_TYPES for d in DTYPES
+                if d == "f32" or t not in reference.GGUF_DECODED]
+
+
+@pytest.mark.parametrize("type_name, x_dtype", MATMUL_CASES)
 def test_quantized_matmul_every_type(metal, type_name, x_dtype):
     """Decode (M=3), prefill (M=37: two row tiles, edge tiles) and the transposed product, weight batch
     broadcast over two x batches, output in x's dtype, against gguf's dequantization in float64."""

@@ -22,9 +22,13 @@ EXACT_QUANTIZE = [GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q4_0, GGML
 K_QUANTIZE = [GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K]
 # Scale searches of this package (more tests in test_quantizers_k.py).
 SEARCHED = K_QUANTIZE + [GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.IQ4_NL, GGMLType.IQ4_XS]
+# The rest, the grid and ternary types among them (ggml quantizes the grid ones with an importance matrix and
+# long searches).
 NOT_QUANTIZABLE = [t for t in QUANT_TYPES if t not in EXACT_QUANTIZE + SEARCHED]
-# Byte offsets of each block's float16 scale fields (from the SPEC's field order).
+# Byte offsets of each block's float16 scale fields (from the SPEC's field order); IQ1_M's d is split into the
+# top nibbles of four words (with_scales writes it there).
 HALF_FIELDS = {GGMLType[name]: offsets for name, offsets in reference.SCALE_FIELDS.items()}
+HALF_FIELDS[GGMLType.IQ1_M] = [reference.IQ1M_SCALE_OFFSET]
 # NaN payloads follow x86's (first operand) propagation in numpy and in the CPU kernels; elsewhere numpy may
 # differ, and a GPU's arithmetic returns its one canonical NaN (NaN positions are compared everywhere).
 X86 = platform.machine().lower() in ("x86_64", "amd64")
@@ -54,6 +58,9 @@ def with_scales(blocks: np.ndarray, t: GGMLType, halves) -> np.ndarray:
     """Rows of blocks with every float16 scale field set from `halves` (cycled)."""
     out = blocks.copy().reshape(-1, t.type_size)
     bits = np.asarray(halves, np.float16).view(np.uint16)
+    if t == GGMLType.IQ1_M:
+        reference.set_iq1m_scales(out, bits[np.arange(out.shape[0]) % bits.size].view(np.float16))
+        return out.reshape(blocks.shape)
     for i in range(out.shape[0]):
         for j, off in enumerate(HALF_FIELDS[t]):
             out[i, off:off + 2] = np.array([bits[(i + j) % bits.size]], np.uint16).view(np.uint8)

@@ -9,6 +9,9 @@ SPEC_LAYOUTS = {
     "Q8_0": (8, 32, 34), "Q2_K": (10, 256, 84), "Q3_K": (11, 256, 110), "Q4_K": (12, 256, 144),
     "Q5_K": (13, 256, 176), "Q6_K": (14, 256, 210), "IQ4_NL": (20, 32, 18),
     "IQ4_XS": (23, 256, 136), "MXFP4": (39, 32, 17),
+    "IQ2_XXS": (16, 256, 66), "IQ2_XS": (17, 256, 74), "IQ3_XXS": (18, 256, 98), "IQ1_S": (19, 256, 50),
+    "IQ3_S": (21, 256, 110), "IQ2_S": (22, 256, 82), "IQ1_M": (29, 256, 56), "TQ1_0": (34, 256, 54),
+    "TQ2_0": (35, 256, 66),
 }
 
 
@@ -43,3 +46,17 @@ def test_tensor_validates_its_bytes():
         GGMLTensor(mx.zeros((1, 144), dtype=mx.uint8), "q4_k", (1, 300))
     with pytest.raises(TypeError, match="uint8"):
         GGMLTensor(mx.zeros((3, 36), dtype=mx.int8), "q4_0", (3, 64))
+
+
+def test_iq_grids_header_is_ggmls_tables():
+    """kernels/common/iq_grids.h holds exactly the grids of the gguf package (tools/gen_iq_grids.py --check also
+    checks the decoders' value maps against gguf's and the ksigns rule)."""
+    pytest.importorskip("gguf")
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run([sys.executable, str(root / "tools" / "gen_iq_grids.py"), "--check"],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr

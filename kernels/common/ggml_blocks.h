@@ -61,7 +61,7 @@ GGML_EXT_FN float ggml_ext_half_to_float(uint16_t h) {
 #endif
 
 #define GGML_EXT_QK32 32   // legacy types, IQ4_NL, MXFP4
-#define GGML_EXT_QK_K 256  // K-quants, IQ4_XS
+#define GGML_EXT_QK_K 256  // K-quants, IQ4_XS, the IQ1/IQ2/IQ3 and ternary types
 
 // The ggml types this package handles, listed once: every switch over them is generated from these lists.
 // X(NAME, id, bytes): a float type; GGML_EXT_TYPE_<NAME> = id (as stored in GGUF files), bytes per element
@@ -71,9 +71,24 @@ GGML_EXT_FN float ggml_ext_half_to_float(uint16_t h) {
   X(F16, 1, 2)                              \
   X(BF16, 30, 2)
 // X(NAME, name, id, qk, bytes): a block type; GGML_EXT_TYPE_<NAME> = id, qk elements and ggml's bytes per
-// block (checked against sizeof(block_<name>)), and block_<name>, ggml_ext_layout16_<name>,
-// ggml_ext_scale16_<name>, ggml_ext_dequant16_<name> below.
-#define GGML_EXT_FOR_EACH_QUANT_TYPE(X)     \
+// block (checked against sizeof(block_<name>)), block_<name> and ggml_ext_dequant16_<name> below. Two kinds:
+// - layout types: codes at fixed bits of the block, described as data by ggml_ext_layout16_<name> and
+//   ggml_ext_scale16_<name> (below), which the fast kernels (CPU SIMD, CUDA integer dots) interpret;
+// - decoded types (IQ1/IQ2/IQ3 grids, the ternary TQ1_0/TQ2_0): read through their reference decoders only
+//   (kernels/common/iq_decoders.h), whose grids no layout can express. Every kernel that takes a decoder
+//   handles them; the layout kernels list GGML_EXT_FOR_EACH_LAYOUT_QUANT_TYPE.
+#define GGML_EXT_FOR_EACH_QUANT_TYPE(X) GGML_EXT_FOR_EACH_LAYOUT_QUANT_TYPE(X) GGML_EXT_FOR_EACH_DECODED_QUANT_TYPE(X)
+#define GGML_EXT_FOR_EACH_DECODED_QUANT_TYPE(X) \
+  X(IQ2_XXS, iq2_xxs, 16, GGML_EXT_QK_K, 66)    \
+  X(IQ2_XS, iq2_xs, 17, GGML_EXT_QK_K, 74)      \
+  X(IQ3_XXS, iq3_xxs, 18, GGML_EXT_QK_K, 98)    \
+  X(IQ1_S, iq1_s, 19, GGML_EXT_QK_K, 50)        \
+  X(IQ3_S, iq3_s, 21, GGML_EXT_QK_K, 110)       \
+  X(IQ2_S, iq2_s, 22, GGML_EXT_QK_K, 82)        \
+  X(IQ1_M, iq1_m, 29, GGML_EXT_QK_K, 56)        \
+  X(TQ1_0, tq1_0, 34, GGML_EXT_QK_K, 54)        \
+  X(TQ2_0, tq2_0, 35, GGML_EXT_QK_K, 66)
+#define GGML_EXT_FOR_EACH_LAYOUT_QUANT_TYPE(X) \
   X(Q4_0, q4_0, 2, GGML_EXT_QK32, 18)       \
   X(Q4_1, q4_1, 3, GGML_EXT_QK32, 20)       \
   X(Q5_0, q5_0, 6, GGML_EXT_QK32, 22)       \
@@ -168,6 +183,56 @@ struct block_iq4_xs {
 struct block_mxfp4 {
   uint8_t e;  // E8M0 shared exponent
   uint8_t qs[16];
+};
+// The decoded types (kernels/common/iq_decoders.h has their element order). Sub-blocks of 32 elements; grid
+// indices pick 8 (IQ2, IQ1) or 4 (IQ3) values of a fixed grid, signs flip them; multi-byte words that ggml
+// reads at any alignment are kept as bytes or 16-bit halves (blocks are only 2-byte aligned, IQ1_M's 1-byte).
+struct block_iq2_xxs {
+  uint16_t d;
+  uint16_t qs[32];  // per sub-block, 2 words: 4 grid indices (bytes), then 4 x 7 sign bits and a 4-bit scale
+};
+struct block_iq2_xs {
+  uint16_t d;
+  uint16_t qs[32];     // per 8 elements: 9-bit grid index, 7 sign bits
+  uint8_t scales[8];   // per 16 elements, a nibble
+};
+struct block_iq2_s {
+  uint16_t d;
+  uint8_t qs[32];      // per 8 elements: low 8 bits of the grid index
+  uint8_t signs[32];   // per 8 elements: sign bits
+  uint8_t qh[8];       // 2 high bits of each grid index
+  uint8_t scales[8];   // per 16 elements, a nibble
+};
+struct block_iq3_xxs {
+  uint16_t d;
+  uint8_t qs[64];             // per 4 elements: a grid index
+  uint16_t scales_signs[16];  // per sub-block, a little-endian u32: 4 x 7 sign bits and a 4-bit scale
+};
+struct block_iq3_s {
+  uint16_t d;
+  uint8_t qs[64];     // per 4 elements: low 8 bits of the grid index
+  uint8_t qh[8];      // their 9th bits
+  uint8_t signs[32];  // one bit per element
+  uint8_t scales[4];  // per sub-block, a nibble
+};
+struct block_iq1_s {
+  uint16_t d;
+  uint8_t qs[32];   // per 8 elements: low 8 bits of the grid index
+  uint16_t qh[8];   // per sub-block: 4 x 3 high index bits, a 3-bit scale, the delta's sign
+};
+struct block_iq1_m {
+  uint8_t qs[32];     // per 8 elements: low 8 bits of the grid index
+  uint8_t qh[16];     // per 8 elements, a nibble: 3 high index bits, the delta's sign
+  uint8_t scales[8];  // 4 little-endian u16: 3-bit scales per 16 elements; their top nibbles hold d
+};
+struct block_tq1_0 {
+  uint8_t qs[48];  // five base-3 digits per byte, as a fraction of 256
+  uint8_t qh[4];   // four digits per byte
+  uint16_t d;
+};
+struct block_tq2_0 {
+  uint8_t qs[64];  // 2-bit codes (value + 1), Q2_K's order
+  uint16_t d;
 };
 
 #define GGML_EXT_CHECK_BLOCK_SIZE(NAME, name, id, qk, bytes) \
@@ -495,5 +560,7 @@ GGML_EXT_FN void ggml_ext_dequant16_layout(B b, ggml_ext_layout16 l, ggml_ext_sc
   GGML_EXT_FN void ggml_ext_dequant16_##name(B b, int chunk, Y y) {                            \
     ggml_ext_dequant16_layout(b, ggml_ext_layout16_##name(chunk), ggml_ext_scale16_##name(b, chunk), y); \
   }
-GGML_EXT_FOR_EACH_QUANT_TYPE(GGML_EXT_DEFINE_DEQUANT16)
+GGML_EXT_FOR_EACH_LAYOUT_QUANT_TYPE(GGML_EXT_DEFINE_DEQUANT16)
 #undef GGML_EXT_DEFINE_DEQUANT16
+
+#include "iq_decoders.h"

@@ -39,6 +39,18 @@ struct BlockFormat {
 #define GGML_EXT_BLOCK_FORMAT(name, qk) \
   BlockFormat<block_##name, qk, ggml_ext_layout16_##name, ggml_ext_scale16_##name<const block_##name*>>
 
+// A decoded type (the IQ grids, the ternary types: kernels/common/iq_decoders.h): 16 elements at a time through
+// its reference decoder, the one way to read it (no chunk layout).
+template <class Block, void (*Decode)(const Block*, int, float*)>
+struct DecodedFormat {
+  using B = Block;
+  static constexpr int kQK = GGML_EXT_QK_K;
+  static inline __attribute__((always_inline)) void chunk(const Block* b, int c, float* y) { Decode(b, c, y); }
+};
+
+#define GGML_EXT_DECODED_FORMAT(name) \
+  DecodedFormat<block_##name, ggml_ext_dequant16_##name<const block_##name*, float*>>
+
 inline vu8x16 load16(const uint8_t* p) {
   vu8x16 v;
   std::memcpy(&v, p, sizeof v);

@@ -1,6 +1,7 @@
 // Dequantize: each block is decoded 16 elements at a time from its shared layout and scale functions
 // (kernels/common/ggml_blocks.h, which the reference decoders use too) with byte and float vectors, and
-// stored as full vectors; threads take contiguous runs of blocks.
+// stored as full vectors; threads take contiguous runs of blocks. The decoded types (IQ grids, ternary) have no
+// layout: their reference decoders (kernels/common/iq_decoders.h) write each chunk.
 //
 // Built with -ffp-contract=off (cmake/cpu_variants.cmake): a decoder's d*q + m or dl*q - ml must round twice,
 // as ggml and gguf do, for float32 output to be bit-identical.
@@ -75,6 +76,24 @@ void run_blocks(const DequantizeArgs& a) {
                [&](int64_t b, int64_t e) { dequantize_blocks<Fmt, Q>(a, b, e); });
 }
 
+// Decoded types: their reference decoder per chunk (the same float operations, so the same bits).
+template <class Fmt, class D>
+void run_decoded(const DequantizeArgs& a) {
+  parallel_for(a.n_blocks, std::max<int64_t>(1, kGrainElements / D::kQK), [&](int64_t begin, int64_t end) {
+    const auto* blocks = static_cast<const typename D::B*>(a.blocks);
+    auto* out = static_cast<typename Fmt::T*>(a.out);
+    for (int64_t i = begin; i < end; ++i) {
+      for (int c = 0; c < D::kQK / 16; ++c) {
+        float y[16];
+        D::chunk(blocks + i, c, y);
+        vf32x16 v;
+        std::memcpy(&v, y, sizeof v);
+        store16<Fmt>(out + i * D::kQK + 16 * c, v);
+      }
+    }
+  });
+}
+
 template <class Out, class In>
 void run_convert(const DequantizeArgs& a) {
   // F32/F16/BF16 "blocks": a conversion, exact into float32.
@@ -85,6 +104,8 @@ void run_convert(const DequantizeArgs& a) {
 
 #define GGML_EXT_DEQUANTIZE_CASE(NAME, name, id, qk, bytes) \
   case GGML_EXT_TYPE_##NAME: return run_blocks<Fmt, GGML_EXT_BLOCK_FORMAT(name, qk)>(a);
+#define GGML_EXT_DEQUANTIZE_DECODED_CASE(NAME, name, id, qk, bytes) \
+  case GGML_EXT_TYPE_##NAME: return run_decoded<Fmt, GGML_EXT_DECODED_FORMAT(name)>(a);
 
 template <class Fmt>
 void dequantize_to(const DequantizeArgs& a) {
@@ -92,11 +113,13 @@ void dequantize_to(const DequantizeArgs& a) {
     case GGML_EXT_TYPE_F32: return run_convert<Fmt, F32>(a);
     case GGML_EXT_TYPE_F16: return run_convert<Fmt, F16Exact>(a);
     case GGML_EXT_TYPE_BF16: return run_convert<Fmt, BF16>(a);
-    GGML_EXT_FOR_EACH_QUANT_TYPE(GGML_EXT_DEQUANTIZE_CASE)
+    GGML_EXT_FOR_EACH_LAYOUT_QUANT_TYPE(GGML_EXT_DEQUANTIZE_CASE)
+    GGML_EXT_FOR_EACH_DECODED_QUANT_TYPE(GGML_EXT_DEQUANTIZE_DECODED_CASE)
     default: return;  // the primitive validated the type
   }
 }
 #undef GGML_EXT_DEQUANTIZE_CASE
+#undef GGML_EXT_DEQUANTIZE_DECODED_CASE
 
 }  // namespace
 

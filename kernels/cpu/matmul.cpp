@@ -255,6 +255,52 @@ void forward_float(const MatmulArgs& a) {
   });
 }
 
+// Decoded types (IQ grids, TQ1_0: no chunk layout for the integer kernels): per weight row and K segment, the
+// blocks decoded to float32 once (into a per-thread buffer) for every row of x's tile, then float32 dots as for
+// float weights. The dots are float32 products, more accurate than the int8 path; the decode dominates.
+template <class D>
+void forward_decoded(const MatmulArgs& a) {
+  using B = typename D::B;
+  const std::vector<float> xf = float_rows(a, a.K);
+  const int64_t row_bytes = a.K / D::kQK * sizeof(B);
+  const auto* w = static_cast<const uint8_t*>(a.w);
+  forward_tiles(a, row_bytes, sizeof(float), [&](int64_t n, int64_t m0, int64_t rows, int64_t k0, int64_t k1,
+                                                 float* res) {
+    // Segments hold whole blocks (kSegmentAlign is a multiple of 256, and K is).
+    thread_local std::vector<float> decoded;
+    decoded.resize(k1 - k0);
+    const auto* blocks = reinterpret_cast<const B*>(w + n * row_bytes) + k0 / D::kQK;
+    for (int64_t c = 0; c < (k1 - k0) / 16; ++c) D::chunk(blocks + c / (D::kQK / 16), c % (D::kQK / 16), &decoded[16 * c]);
+    with_tile(rows, [&]<int MR>() {
+      float_row_dot<F32, MR>(decoded.data(), k1 - k0, xf.data() + m0 * a.K + k0, a.K, res);
+    });
+  });
+}
+
+template <class D>
+void transposed_decoded(const MatmulArgs& a) {
+  using B = typename D::B;
+  const int64_t row_bytes = a.K / D::kQK * sizeof(B);
+  const auto* w = static_cast<const uint8_t*>(a.w);
+  transposed(a, D::kQK, [&](int64_t n, int64_t b0, int64_t b1, float* dst) {
+    const auto* blocks = reinterpret_cast<const B*>(w + n * row_bytes);
+    for (int64_t blk = b0; blk < b1; ++blk) {
+      for (int c = 0; c < D::kQK / 16; ++c) D::chunk(blocks + blk, c, dst + (blk - b0) * D::kQK + 16 * c);
+    }
+  });
+}
+
+template <class D>
+void matmul_decoded(const MatmulArgs& a) {
+  return a.transpose ? transposed_decoded<D>(a) : forward_decoded<D>(a);
+}
+// TQ2_0's codes do have a chunk layout (ggml_ext_layout16_tq2_0): the integer kernels take it.
+template <>
+void matmul_decoded<GGML_EXT_DECODED_FORMAT(tq2_0)>(const MatmulArgs& a) {
+  using Q = GGML_EXT_BLOCK_FORMAT(tq2_0, GGML_EXT_QK_K);
+  return a.transpose ? transposed_quantized<Q>(a) : forward_quantized<Q>(a);
+}
+
 void zero_output(const MatmulArgs& a, int64_t count) {
   std::memset(a.out, 0, count * float_type_bytes(a.out_type));
 }
@@ -263,6 +309,8 @@ void zero_output(const MatmulArgs& a, int64_t count) {
   case GGML_EXT_TYPE_##NAME:                                                        \
     return a.transpose ? transposed_quantized<GGML_EXT_BLOCK_FORMAT(name, qk)>(a)   \
                        : forward_quantized<GGML_EXT_BLOCK_FORMAT(name, qk)>(a);
+#define GGML_EXT_MATMUL_DECODED_CASE(NAME, name, id, qk, bytes) \
+  case GGML_EXT_TYPE_##NAME: return matmul_decoded<GGML_EXT_DECODED_FORMAT(name)>(a);
 
 }  // namespace
 
@@ -276,11 +324,13 @@ void quantized_matmul(const MatmulArgs& a) {
     case GGML_EXT_TYPE_F32: return a.transpose ? transposed_float<F32>(a) : forward_float<F32>(a);
     case GGML_EXT_TYPE_F16: return a.transpose ? transposed_float<F16>(a) : forward_float<F16>(a);
     case GGML_EXT_TYPE_BF16: return a.transpose ? transposed_float<BF16>(a) : forward_float<BF16>(a);
-    GGML_EXT_FOR_EACH_QUANT_TYPE(GGML_EXT_MATMUL_CASE)
+    GGML_EXT_FOR_EACH_LAYOUT_QUANT_TYPE(GGML_EXT_MATMUL_CASE)
+    GGML_EXT_FOR_EACH_DECODED_QUANT_TYPE(GGML_EXT_MATMUL_DECODED_CASE)
     default: return;  // the primitive validated the type
   }
 }
 #undef GGML_EXT_MATMUL_CASE
+#undef GGML_EXT_MATMUL_DECODED_CASE
 
 }  // namespace GGML_EXT_ISA
 

@@ -443,13 +443,14 @@ QuantizedMatmulPlan dot_plan(const QuantizedMatmulArgs& a) {
   return p;
 }
 
-// The integer-dot format of a ggml type id (nullptr_t: none).
+// The integer-dot format of a ggml type id (nullptr_t: none). The decoded types (IQ grids, ternary) have none:
+// they take the tiled kernels with their reference decoders (quantized_matmul_plan falls back to tiles_plan).
 template <typename Make>
 QuantizedMatmulPlan with_format(int type, Make&& make) {
   switch (type) {
 #define GGML_EXT_FORMAT_CASE(NAME, name, id, qk, bytes) \
   case GGML_EXT_TYPE_##NAME: return make(decode::Fmt##NAME{});
-    GGML_EXT_FOR_EACH_QUANT_TYPE(GGML_EXT_FORMAT_CASE)
+    GGML_EXT_FOR_EACH_LAYOUT_QUANT_TYPE(GGML_EXT_FORMAT_CASE)
 #undef GGML_EXT_FORMAT_CASE
     default: return {};
   }

@@ -387,8 +387,13 @@ QuantizedMatmulPlan tc_plan_for(const QuantizedMatmulArgs& a, int type, bool tra
   case GGML_EXT_TYPE_##NAME:                                                               \
     return words ? tc_plan<T, WordDecoder<decode::Fmt##NAME>>(a, transpose)                 \
                  : tc_plan<T, ReferenceDecoder<Weights_##name>>(a, transpose);
-    GGML_EXT_FOR_EACH_QUANT_TYPE(GGML_EXT_TC_CASE)
+    GGML_EXT_FOR_EACH_LAYOUT_QUANT_TYPE(GGML_EXT_TC_CASE)
 #undef GGML_EXT_TC_CASE
+    // The decoded types (IQ grids, ternary): their reference decoders only, at any alignment.
+#define GGML_EXT_TC_DECODED_CASE(NAME, name, id, qk, bytes) \
+  case GGML_EXT_TYPE_##NAME: return tc_plan<T, ReferenceDecoder<Weights_##name>>(a, transpose);
+    GGML_EXT_FOR_EACH_DECODED_QUANT_TYPE(GGML_EXT_TC_DECODED_CASE)
+#undef GGML_EXT_TC_DECODED_CASE
     case GGML_EXT_TYPE_F32: return tc_plan<T, ReferenceDecoder<Weights_f32>>(a, transpose);
     case GGML_EXT_TYPE_F16: return tc_plan<T, ReferenceDecoder<Weights_f16>>(a, transpose);
     case GGML_EXT_TYPE_BF16: return tc_plan<T, ReferenceDecoder<Weights_bf16>>(a, transpose);
