@@ -41,24 +41,24 @@ struct PrefillShape {
   };
 };
 
-// Copies n bytes from src (device) to dst (threadgroup), dst and src equal modulo 16, by one simdgroup:
-// the bytes before src's first 16-byte boundary and after its last one byte-wise, the rest as 16-byte
-// words, word i by lane i % 32 (adjacent lanes, adjacent words).
-inline void stage_row(threadgroup uchar* dst, device const uchar* src, uint n, uint src_mod16, uint lane) {
-  const uint head = min((16u - src_mod16) % 16u, n);
-  const uint words = (n - head) / 16u;
-  const uint tail_from = head + 16u * words;
-  if (lane < head) dst[lane] = src[lane];
-  threadgroup uint4* d = (threadgroup uint4*)(dst + head);
-  device const uint4* s = (device const uint4*)(src + head);
-  for (uint i = lane; i < words; i += 32) d[i] = s[i];
-  if (tail_from + lane < n) dst[tail_from + lane] = src[tail_from + lane];
-}
-
-// The device address of byte `byte` of weight row n, modulo 16 (w_line: the weight's first byte's address
-// modulo 128, from the host).
-inline uint raw_mod16(constant MatmulArgs& args, MatmulBatch at, uint n, uint byte) {
-  return (args.w_line + uint(at.w % 16) + n * (args.row_bytes % 16) + byte) % 16u;
+// Copies the 16-byte words that hold bytes [b0, b0 + n) of the weight matrix (`matrix`, whose first byte
+// sits at address matrix_mod16 modulo 16, `total` bytes long) to dst, word i by lane i % 32 (adjacent lanes,
+// adjacent aligned words), so byte b0 lands at dst + (matrix_mod16 + b0) % 16. A word reaching outside the
+// matrix (the first row's first word, the last row's last, when the matrix is not 16-byte aligned) is
+// copied byte by byte, only its bytes inside the matrix: no load leaves the weight buffer.
+inline void stage_row(threadgroup uchar* dst, device const uchar* matrix, uint matrix_mod16, size_t total,
+                      size_t b0, uint n, uint lane) {
+  const size_t begin = matrix_mod16, end = matrix_mod16 + total;  // the matrix, in relative addresses
+  const size_t lo = (begin + b0) / 16 * 16;                         // the first word's relative address
+  const uint words = uint((begin + b0 + n + 15) / 16 - lo / 16);
+  for (uint i = lane; i < words; i += 32) {
+    const size_t at = lo + 16 * i;
+    if (at >= begin && at + 16 <= end) {
+      ((threadgroup uint4*)dst)[i] = *(device const uint4*)(matrix + (at - begin));
+    } else {
+      for (size_t j = max(at, begin); j < min(at + 16, end); ++j) dst[j - lo] = matrix[j - begin];
+    }
+  }
 }
 
 // Stages x's rows [m0, m0 + 64), elements [r0, r0 + 32) as float; zeros past M and past the row length.
@@ -104,6 +104,8 @@ template <typename D, typename T, bool kTransposed>
   const bool vec4 = reduction % 4 == 0 && (args.x_line + uint(at.x % 32) * sizeof(T)) % (4 * sizeof(T)) == 0;
   device const T* x_batch = x + at.x;
   device const uchar* w_batch = w + at.w;
+  const uint matrix_mod16 = (args.w_line + uint(at.w % 16)) % 16u;
+  const size_t matrix_bytes = size_t(args.N) * args.row_bytes;
   simdgroup_float8x8 acc[4][2];
   for (int i = 0; i < 4; ++i)
     for (int j = 0; j < 2; ++j) acc[i][j] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
@@ -115,13 +117,12 @@ template <typename D, typename T, bool kTransposed>
     const uint first = kTransposed ? t_first : s0;                       // element of the span's start
     const uint last = kTransposed ? min(c0 + kTileN, args.K) : min(s0 + stage_len, args.K);
     const uint span = ((last - first + D::block_size - 1) / D::block_size) * D::block_bytes;
-    const uint first_byte = (first / D::block_size) * D::block_bytes;
+    const size_t first_byte = size_t(first / D::block_size) * D::block_bytes;
     for (uint row = simdgroup; row < kTileN; row += 4) {  // simdgroup s stages rows s, s + 4, ...
       const uint n = (kTransposed ? s0 : c0) + row;
       if (n < args.N) {
-        const uint mod16 = raw_mod16(args, at, n, first_byte);
-        stage_row(w_raw + row * S::row_stage + mod16, w_batch + size_t(n) * args.row_bytes + first_byte, span,
-                  mod16, lane);
+        stage_row(w_raw + row * S::row_stage, w_batch, matrix_mod16, matrix_bytes,
+                  size_t(n) * args.row_bytes + first_byte, span, lane);
       }
     }
     const uint steps = kTransposed ? 1u : (min(stage_len, reduction - s0) + kTileK - 1) / kTileK;
@@ -135,7 +136,7 @@ template <typename D, typename T, bool kTransposed>
         const uint k = (kTransposed ? c0 : r0) + 16 * half_row;
         float values[16];
         if (n < args.N && k < args.K) {
-          const uint mod16 = raw_mod16(args, at, n, first_byte);
+          const uint mod16 = uint((matrix_mod16 + size_t(n) * args.row_bytes + first_byte) % 16);
           D::staged16(w_raw + row * S::row_stage + mod16, (k - first) / 16, values);
           if (D::is_float) {  // a float row's last run may end past K: those elements are zeros
             for (uint j = 0; j < 16; ++j) values[j] = k + j < args.K ? values[j] : 0.0f;
