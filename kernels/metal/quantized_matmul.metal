@@ -70,13 +70,16 @@ inline void stage_x(threadgroup float* x_tile, device const T* x, constant Matmu
     typedef typename Vec4<T>::type V;
     for (uint e = tid; e < kTileM * kTileK / 4; e += kTileThreads) {  // 8 vectors per row
       const uint m = m0 + e / (kTileK / 4), r = r0 + 4 * (e % (kTileK / 4));
-      float4 v = float4(0.0f);
+      threadgroup float* dst = x_tile + 4 * e;
       if (m < args.M && r < row_len) {
         const V raw = *(device const V*)(x + size_t(m) * row_len + r);
-        v = float4(FloatIO<T>::load(raw.x), FloatIO<T>::load(raw.y), FloatIO<T>::load(raw.z),
-                   FloatIO<T>::load(raw.w));
+        dst[0] = FloatIO<T>::load(raw.x);
+        dst[1] = FloatIO<T>::load(raw.y);
+        dst[2] = FloatIO<T>::load(raw.z);
+        dst[3] = FloatIO<T>::load(raw.w);
+      } else {
+        for (int j = 0; j < 4; ++j) dst[j] = 0.0f;
       }
-      *(threadgroup float4*)(x_tile + 4 * e) = v;
     }
   } else {
     for (uint e = tid; e < kTileM * kTileK; e += kTileThreads) {
@@ -144,10 +147,8 @@ template <typename D, typename T, bool kTransposed>
         } else {
           for (int j = 0; j < 16; ++j) values[j] = 0.0f;
         }
-        threadgroup float4* dst = (threadgroup float4*)(w_tile + row * kTileK + 16 * half_row);
-        for (int j = 0; j < 4; ++j) {
-          dst[j] = float4(values[4 * j], values[4 * j + 1], values[4 * j + 2], values[4 * j + 3]);
-        }
+        threadgroup float* dst = w_tile + row * kTileK + 16 * half_row;
+        for (int j = 0; j < 16; ++j) dst[j] = values[j];
       }
       threadgroup_barrier(mem_flags::mem_threadgroup);  // both tiles ready
       for (uint kk = 0; kk < kTileK; kk += 8) {
