@@ -12,7 +12,7 @@
 //   - the weight tile, 32 weight rows x 32 elements, decoded to float once per threadgroup (64 runs of 16
 //     by the shared decoders, kernels/common/ggml_blocks.h: every format read as the CPU reads it) from
 //   - the weight rows' raw bytes, staged once per stage of 256 elements (quantized types: one K-quant
-//     block or 8 blocks of 32; 32 elements for float types) with 16-byte words read by adjacent lanes, so
+//     block or 8 blocks of 32; 64 elements for float types) with 16-byte words read by adjacent lanes, so
 //     each weight byte is requested once per row tile of x.
 // Each simdgroup then multiplies its sub-tile: 4 k-slices of 8, simdgroup_load / multiply_accumulate.
 // Edges: rows past M and elements past the reduction are staged as zeros (the products add nothing), and
@@ -24,7 +24,8 @@ enum {
   kTileN = 32,          // output columns per threadgroup
   kTileK = 32,          // reduction elements per step
   kTileThreads = 128,   // 4 simdgroups of 32 x 16
-  kQuantStage = 256,    // raw weight elements staged at once (quantized types)
+  kQuantStage = 256,    // raw weight elements staged at once: quantized types,
+  kFloatStage = 64,     // float types (a 128-byte line of float16 / bfloat16)
 };
 
 // The raw weight stage of a weight type: elements per stage and the threadgroup bytes per weight row (its
@@ -33,7 +34,7 @@ enum {
 template <typename D>
 struct PrefillShape {
   enum {
-    stage = D::is_float ? kTileK : kQuantStage,
+    stage = D::is_float ? kFloatStage : kQuantStage,
     span = (stage / D::block_size) * D::block_bytes,
     row_stage = (span + 15 + 15) / 16 * 16,
     x_tile = kTileM * kTileK,  // floats
