@@ -539,6 +539,13 @@ def test_prefill_traffic(metal, kernel, transposed, type_name):
         assert f["bytes_per_weight_byte"] <= 14.3 and f["coalesced_share"] >= 0.68, f
 
 
+def test_prefill_traffic_long_rows(metal):
+    """K = 4096: a stage stages up to its row's next line boundary and carries the rest over, so every
+    line of a 2304-byte Q4_K row is requested once."""
+    f = matmul_traffic(metal, "qmm", "Q4_K", 64, N=32, K=4096)
+    assert f["bytes_per_weight_byte"] == 1.0 and f["coalesced_share"] == 1.0, f
+
+
 def test_rms_norm_and_rope_traffic(metal):
     x = np.random.default_rng(0).standard_normal((4, 1024)).astype(np.float32)
     plan = metal.plan("rms_norm", dtype="f32", rows=4, dim=1024, rows_per_weight=4, weighted=1, eps=1e-5)

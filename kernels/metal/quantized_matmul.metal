@@ -30,36 +30,56 @@ enum {
 
 // The raw weight stage of a weight type: elements per stage and the threadgroup bytes per weight row (its
 // bytes of a stage plus up to 15 bytes of alignment pad, so a byte keeps its device address modulo 16 and
-// the copy runs in aligned 16-byte words). launch_plans.h (plan_matmul) computes the same sizes.
+// the copy runs in aligned 16-byte words, plus up to 128 bytes staged ahead for the next stage). launch_plans.h (plan_matmul) computes the same sizes.
 template <typename D>
 struct PrefillShape {
   enum {
     stage = D::is_float ? kFloatStage : kQuantStage,
     span = (stage / D::block_size) * D::block_bytes,
-    row_stage = (span + 15 + 15) / 16 * 16,
+    row_stage = (span + 15 + 15) / 16 * 16 + 128,  // + the words carried to the next stage
     x_tile = kTileM * kTileK,  // floats
     w_tile = kTileN * kTileK,  // floats
   };
 };
 
-// Copies the 16-byte words that hold bytes [b0, b0 + n) of the weight matrix (`matrix`, whose first byte
-// sits at address matrix_mod16 modulo 16, `total` bytes long) to dst, word i by lane i % 32 (adjacent lanes,
-// adjacent aligned words), so byte b0 lands at dst + (matrix_mod16 + b0) % 16. A word reaching outside the
-// matrix (the first row's first word, the last row's last, when the matrix is not 16-byte aligned) is
-// copied byte by byte, only its bytes inside the matrix: no load leaves the weight buffer.
-inline void stage_row(threadgroup uchar* dst, device const uchar* matrix, uint matrix_mod16, size_t total,
-                      size_t b0, uint n, uint lane) {
-  const size_t begin = matrix_mod16, end = matrix_mod16 + total;  // the matrix, in relative addresses
-  const size_t lo = (begin + b0) / 16 * 16;                         // the first word's relative address
-  const uint words = uint((begin + b0 + n + 15) / 16 - lo / 16);
-  for (uint i = lane; i < words; i += 32) {
-    const size_t at = lo + 16 * i;
+// Copies to a row's slot `dst` the 16-byte words that hold bytes [b0, b0 + n) of the weight matrix
+// (`matrix`, `total` bytes long, whose first byte sits at address matrix_line modulo 128), word i by lane
+// i % 32 (adjacent lanes, adjacent aligned words); byte b0 lands at dst + (matrix_line + b0) % 16.
+// Addresses below are relative: matrix_line + byte offset. With `carry` (the forward product, whose stages
+// take consecutive bytes of a row), the copy runs on to the next 128-byte line boundary (or the row's
+// end, row_end bytes into the matrix) and `copied_end`
+// remembers where it stopped: the next stage moves those words (under 128 bytes) to the slot's front and
+// starts after them, so each line of a row is requested once. A word reaching outside the matrix (the
+// first row's first word, the last row's last, when the matrix is not 16-byte aligned) is copied byte by
+// byte, only its bytes inside the matrix: no load leaves the weight buffer.
+inline void stage_row(threadgroup uchar* dst, device const uchar* matrix, uint matrix_line, size_t total,
+                      size_t b0, uint n, size_t row_end, bool carry, thread size_t& slot_lo,
+                      thread size_t& copied_end, uint lane) {
+  const size_t begin = matrix_line, end = matrix_line + total;
+  const size_t lo = (begin + b0) / 16 * 16;  // the first word needed
+  const size_t need_end = (begin + b0 + n + 15) / 16 * 16;
+  threadgroup uint4* words = (threadgroup uint4*)dst;
+  size_t from = lo;
+  if (carry && copied_end > lo) {  // words [lo, copied_end) are staged already, at slot word lo - slot_lo
+    const uint kept = uint(copied_end - lo) / 16, shift = uint(lo - slot_lo) / 16;  // kept <= 9 < 32
+    uint4 word = uint4(0);
+    if (lane < kept) word = words[lane + shift];
+    simdgroup_barrier(mem_flags::mem_threadgroup);
+    if (lane < kept) words[lane] = word;
+    from = copied_end;
+  }
+  const size_t to = carry ? min((need_end + 127) / 128 * 128, (begin + row_end + 15) / 16 * 16) : need_end;
+  const uint count = uint((to - from) / 16);
+  for (uint i = lane; i < count; i += 32) {
+    const size_t at = from + 16 * i;
     if (at >= begin && at + 16 <= end) {
-      ((threadgroup uint4*)dst)[i] = *(device const uint4*)(matrix + (at - begin));
+      words[(at - lo) / 16] = *(device const uint4*)(matrix + (at - begin));
     } else {
       for (size_t j = max(at, begin); j < min(at + 16, end); ++j) dst[j - lo] = matrix[j - begin];
     }
   }
+  slot_lo = lo;
+  copied_end = max(to, need_end);
 }
 
 // Stages x's rows [m0, m0 + 64), elements [r0, r0 + 32) as float; zeros past M and past the row length.
@@ -108,7 +128,9 @@ template <typename D, typename T, bool kTransposed>
   const bool vec4 = reduction % 4 == 0 && (args.x_line + uint(at.x % 32) * sizeof(T)) % (4 * sizeof(T)) == 0;
   device const T* x_batch = x + at.x;
   device const uchar* w_batch = w + at.w;
-  const uint matrix_mod16 = (args.w_line + uint(at.w % 16)) % 16u;
+  const uint matrix_line = (args.w_line + uint(at.w % 128)) % 128u;
+  size_t slot_lo[kTileN / 4], copied_end[kTileN / 4];  // stage_row's carry, per staged row
+  for (uint i = 0; i < kTileN / 4; ++i) copied_end[i] = slot_lo[i] = 0;
   const size_t matrix_bytes = size_t(args.N) * args.row_bytes;
   simdgroup_float8x8 acc[4][2];
   for (int i = 0; i < 4; ++i)
@@ -125,8 +147,9 @@ template <typename D, typename T, bool kTransposed>
     for (uint row = simdgroup; row < kTileN; row += 4) {  // simdgroup s stages rows s, s + 4, ...
       const uint n = (kTransposed ? s0 : c0) + row;
       if (n < args.N) {
-        stage_row(w_raw + row * S::row_stage, w_batch, matrix_mod16, matrix_bytes,
-                  size_t(n) * args.row_bytes + first_byte, span, lane);
+        stage_row(w_raw + row * S::row_stage, w_batch, matrix_line, matrix_bytes,
+                  size_t(n) * args.row_bytes + first_byte, span, size_t(n + 1) * args.row_bytes, !kTransposed,
+                  slot_lo[row / 4], copied_end[row / 4], lane);
       }
     }
     const uint steps = kTransposed ? 1u : (min(stage_len, reduction - s0) + kTileK - 1) / kTileK;
@@ -140,7 +163,7 @@ template <typename D, typename T, bool kTransposed>
         const uint k = (kTransposed ? c0 : r0) + 16 * half_row;
         float values[16];
         if (n < args.N && k < args.K) {
-          const uint mod16 = uint((matrix_mod16 + size_t(n) * args.row_bytes + first_byte) % 16);
+          const uint mod16 = uint((matrix_line + size_t(n) * args.row_bytes + first_byte) % 16);
           D::staged16(w_raw + row * S::row_stage + mod16, (k - first) / 16, values);
           if (D::is_float) {  // a float row's last run may end past K: those elements are zeros
             for (uint j = 0; j < 16; ++j) values[j] = k + j < args.K ? values[j] : 0.0f;

@@ -76,7 +76,7 @@ inline uint32_t line_offset(const void* p) { return static_cast<uint32_t>(reinte
 // (prefill, and the transposed product for any M) 64 x 32 output tiles, quantized_matmul.metal (qmm,
 // qmm_t): the x tile (64 x 32 floats), the decoded weight tile (32 x 32 floats) and the raw bytes of 32
 // weight rows for a stage of 256 elements (quantized types) or 64 (float types), each row's share padded
-// by up to 15 bytes to keep its device address modulo 16 (quantized_matmul.metal's PrefillShape).
+// by up to 15 bytes to keep its device address modulo 16 and followed by up to 128 bytes staged ahead (quantized_matmul.metal's PrefillShape).
 constexpr uint32_t kDecodeMaxRows = 8;
 constexpr uint32_t kDecodeStep = 512;
 constexpr uint32_t kPrefillTileM = 64, kPrefillTileN = 32, kPrefillTileK = 32;
@@ -84,7 +84,7 @@ constexpr uint32_t kPrefillQuantStage = 256, kPrefillFloatStage = 64;
 inline uint32_t prefill_threadgroup_bytes(const BlockShape& b) {
   const uint32_t stage = b.elements > 1 ? kPrefillQuantStage : kPrefillFloatStage;
   const uint32_t span = b.elements ? stage / b.elements * b.bytes : 0;
-  const uint32_t row_stage = (span + 15 + 15) / 16 * 16;
+  const uint32_t row_stage = (span + 15 + 15) / 16 * 16 + 128;
   return (kPrefillTileM + kPrefillTileN) * kPrefillTileK * sizeof(float) + kPrefillTileN * row_stage;
 }
 inline Plan<MatmulArgs> plan_matmul(const std::string& type_name, const std::string& x_dtype, bool transposed,
