@@ -455,6 +455,29 @@ def test_quantized_matmul_float32_output_and_grouped_batches(metal, kernel, tran
     assert_close(got, expected, MATMUL_TOL["f32"], f"{kernel} T={transposed}")
 
 
+# Prefill on 64 x 32 tiles (qmm, qmm_t): M not a multiple of 64 (9, 100), N not of 32 (40), K of one or
+# two raw stages (Q4_K 512: two 256-element stages; 288: 9 blocks of 32, a partial stage), x rows of
+# 4-element vectors in each dtype and, for the float type's K = 37, element by element; a second weight
+# matrix that starts off a 16-byte boundary (MXFP4's 153-byte rows): its first row's first word is copied
+# byte by byte.
+PREFILL_CASES = [("Q4_0", 9, 32, 256, "f32"), ("Q4_0", 100, 40, 288, "bf16"), ("Q4_K", 64, 40, 512, "f16"),
+                 ("Q4_K", 100, 32, 256, "f32"), ("Q8_0", 64, 32, 288, "f32"), ("Q8_0", 100, 40, 256, "f16"),
+                 ("F16", 9, 40, 37, "f32"), ("F16", 100, 32, 288, "bf16")]
+
+
+@pytest.mark.parametrize("type_name,M,N,K,x_dtype", PREFILL_CASES)
+def test_prefill_tiles_edges(metal, type_name, M, N, K, x_dtype):
+    for kernel, transposed in [("qmm", False), ("qmm_t", True)]:
+        got, expected = run_matmul(metal, kernel, type_name, x_dtype, "f32", M=M, N=N, K=K, B2=1,
+                                   transposed=transposed, seed=M + N + K)
+        assert_close(got, expected, MATMUL_TOL["f32"], f"{kernel} {type_name} M={M} N={N} K={K} {x_dtype}")
+
+
+def test_prefill_weight_matrix_off_16_byte_boundary(metal):
+    got, expected = run_matmul(metal, "qmm", "MXFP4", "f32", "f32", M=9, N=9, K=544, B2=2, A2=2, seed=3)
+    assert_close(got, expected, MATMUL_TOL["f32"], "qmm MXFP4, second matrix at byte 9 * 289")
+
+
 # ---------------------------------------------------------------------------------------------------
 # Memory-traffic figures (tests/metal_emu/traffic.h): one JSON line per kernel and case (pytest -s).
 # Proxies of what an Apple GPU's memory system would see (bytes requested per weight byte in 128-byte
@@ -509,9 +532,25 @@ def test_decode_traffic(metal, type_name, M):
     assert f["misaligned_loads"] == 0, f
 
 
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_K", "Q6_K"])
 @pytest.mark.parametrize("kernel,transposed", [("qmm", False), ("qmm_t", True)])
-def test_prefill_traffic(metal, kernel, transposed):
-    matmul_traffic(metal, kernel, "Q4_K", 64, N=64, K=256, transposed=transposed)
+def test_prefill_traffic(metal, kernel, transposed, type_name):
+    """The prefill stages weight rows as aligned 16-byte words (one row tile of x: each row requested once,
+    in whole lines: 144-byte rows touch 2 lines, 1.78); x by 4-element vectors. The transposed product
+    stages, per 32 output columns, the blocks holding them: a 256-element block is requested 8 times."""
+    f = matmul_traffic(metal, kernel, type_name, 64, N=64, K=256, transposed=transposed)
+    assert f["misaligned_loads"] == 0 and f["narrow_loads"] == 0, f
+    if not transposed:
+        assert f["bytes_per_weight_byte"] <= 1.8 and f["coalesced_share"] >= 0.88, f
+    else:
+        assert f["bytes_per_weight_byte"] <= 14.3 and f["coalesced_share"] >= 0.68, f
+
+
+def test_prefill_traffic_long_rows(metal):
+    """K = 4096: a stage stages up to its row's next line boundary and carries the rest over, so every
+    line of a 2304-byte Q4_K row is requested once."""
+    f = matmul_traffic(metal, "qmm", "Q4_K", 64, N=32, K=4096)
+    assert f["bytes_per_weight_byte"] == 1.0 and f["coalesced_share"] == 1.0, f
 
 
 def test_rms_norm_and_rope_traffic(metal):

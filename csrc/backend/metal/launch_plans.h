@@ -72,16 +72,27 @@ inline uint32_t line_offset(const void* p) { return static_cast<uint32_t>(reinte
 
 // Up to kDecodeMaxRows rows of x: qmv_x1 (M = 1), qmv_x4 (2-4), qmv_x8 (5-8), decode.metal: threadgroups
 // of 4 simdgroups, each owning `rows` weight rows (4; 2 for float16/bfloat16 weights, 1 for float32), the
-// x rows and the weight rows' bytes of a 512-element step staged in threadgroup memory. Otherwise 32 x 32
-// output tiles (qmm, qmm_t for the transposed product), x and weight tiles staged.
+// x rows and the weight rows' bytes of a 512-element step staged in threadgroup memory. Otherwise
+// (prefill, and the transposed product for any M) 64 x 32 output tiles, quantized_matmul.metal (qmm,
+// qmm_t): the x tile (64 x 32 floats), the decoded weight tile (32 x 32 floats) and the raw bytes of 32
+// weight rows for a stage of 256 elements (quantized types) or 64 (float types), each row's share padded
+// by up to 15 bytes to keep its device address modulo 16 and followed by up to 128 bytes staged ahead (quantized_matmul.metal's PrefillShape).
 constexpr uint32_t kDecodeMaxRows = 8;
 constexpr uint32_t kDecodeStep = 512;
+constexpr uint32_t kPrefillTileM = 64, kPrefillTileN = 32, kPrefillTileK = 32;
+constexpr uint32_t kPrefillQuantStage = 256, kPrefillFloatStage = 64;
+inline uint32_t prefill_threadgroup_bytes(const BlockShape& b) {
+  const uint32_t stage = b.elements > 1 ? kPrefillQuantStage : kPrefillFloatStage;
+  const uint32_t span = b.elements ? stage / b.elements * b.bytes : 0;
+  const uint32_t row_stage = (span + 15 + 15) / 16 * 16 + 128;
+  return (kPrefillTileM + kPrefillTileN) * kPrefillTileK * sizeof(float) + kPrefillTileN * row_stage;
+}
 inline Plan<MatmulArgs> plan_matmul(const std::string& type_name, const std::string& x_dtype, bool transposed,
                                     uint32_t batches, const MatmulArgs& args) {
   const std::string suffix = type_name + "_" + x_dtype;
+  const BlockShape b = block_shape(type_name);
   if (!transposed && args.M <= kDecodeMaxRows) {
     const uint32_t x_rows = args.M == 1 ? 1 : args.M <= 4 ? 4 : 8;
-    const BlockShape b = block_shape(type_name);
     const uint32_t rows = b.elements > 1 ? 4 : b.bytes == 4 ? 1 : 2;
     const uint32_t span = b.elements ? kDecodeStep / b.elements * b.bytes : 0;
     const uint32_t row_stage = (span + 16 + 128 + 15) / 16 * 16;  // decode.metal's DecodeShape::row_stage
@@ -91,7 +102,8 @@ inline Plan<MatmulArgs> plan_matmul(const std::string& type_name, const std::str
   }
   const uint32_t out_cols = transposed ? args.K : args.N;
   return {(transposed ? "qmm_t_" : "qmm_") + suffix, args,
-          {{ceil_div_u32(out_cols, 32), ceil_div_u32(args.M, 32), batches}, 128, 2 * 32 * 32 * sizeof(float)}};
+          {{ceil_div_u32(out_cols, kPrefillTileN), ceil_div_u32(args.M, kPrefillTileM), batches}, 128,
+           prefill_threadgroup_bytes(b)}};
 }
 
 }  // namespace ggml_ext_metal
