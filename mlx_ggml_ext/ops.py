@@ -242,7 +242,10 @@ def evaluate_ids_on_gpu(ids: mx.array, stream: Stream = None) -> None:
     device = stream.device if isinstance(stream, mx.Stream) else stream if isinstance(stream, mx.Device) \
         else mx.default_device()
     if device.type == mx.DeviceType.gpu:
-        mx.eval(ids)
+        try:
+            mx.eval(ids)
+        except (ValueError, RuntimeError):
+            pass  # a tracer of vmap / compile: nothing to evaluate yet (a bad index then gives a NaN row)
 
 
 def mul_mat_id(w: Union[GGMLTensor, mx.array], x: mx.array, ids: mx.array, *, stream: Stream = None) -> mx.array:

@@ -50,7 +50,7 @@ def test_mul_mat_with_an_empty_batch_axis():
 def test_shapeless_compile_rechecks_k_of_quantized_matmul():
     rng = np.random.default_rng(30)
     t = GGMLType.Q8_0
-    w = ops.quantize(mx.array(rng.standard_normal((3, 32)).astype(np.float32)), t)
+    w = ops.quantize(mx.array(rng.standard_normal((3, 32)).astype(np.float32)), t, stream=mx.cpu)
     f = mx.compile(lambda x, blocks: ops.quantized_matmul(x, blocks, t), shapeless=True)
     x = mx.array(rng.standard_normal((2, 32)).astype(np.float32))
     dense = to_numpy(ops.dequantize(w, t, (3, 32)))
@@ -62,7 +62,7 @@ def test_shapeless_compile_rechecks_k_of_quantized_matmul():
 
 def test_shapeless_compile_rechecks_k_of_a_ggml_linear():
     rng = np.random.default_rng(31)
-    w = ops.quantize(mx.array(rng.standard_normal((4, 64)).astype(np.float32)), GGMLType.Q4_0)
+    w = ops.quantize(mx.array(rng.standard_normal((4, 64)).astype(np.float32)), GGMLType.Q4_0, stream=mx.cpu)
     layer = GGMLLinear(GGMLTensor(w, GGMLType.Q4_0, (4, 64)))
     f = mx.compile(layer, shapeless=True)
     assert f(mx.ones((1, 64))).shape == (1, 4)
