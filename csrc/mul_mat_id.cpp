@@ -13,7 +13,7 @@ constexpr const char* kShapelessHint = " (a function compiled with shapeless=Tru
 mx::array product_node(const mx::array& x, const mx::array& w, const mx::array& ids, int type, bool transpose,
                        const mx::Stream& s) {
   auto prim = std::make_shared<MulMatId>(s, type, transpose);
-  std::vector<mx::array> inputs = {row_contiguous(x, s), row_contiguous(w, s), row_contiguous(ids, s)};
+  std::vector<mx::array> inputs = {kernel_input(x, s), row_contiguous(w, s), kernel_input(ids, s)};
   auto shape = prim->output_shapes(inputs)[0];
   return mx::array(std::move(shape), x.dtype(), std::move(prim), std::move(inputs));
 }

@@ -9,6 +9,7 @@ import mlx.nn as nn
 from mlx.utils import tree_unflatten
 
 from . import _ext
+from .ops import evaluate_ids_on_gpu
 from .types import GGMLTensor, GGMLType
 
 
@@ -154,7 +155,6 @@ class GGMLSwitchLinear(nn.Module):
 
     def product(self, x: mx.array, ids: mx.array) -> mx.array:
         """x (T, 1 or n_used, K), ids (T, n_used) -> (T, n_used, N): the expert products, plus the bias."""
-        from .ops import evaluate_ids_on_gpu
         evaluate_ids_on_gpu(ids)
         y = _ext.mul_mat_id(self.weight, int(self.ggml_type), [self.num_experts, self.output_dims,
                                                                self.input_dims], x, ids)

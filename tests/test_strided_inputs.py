@@ -45,3 +45,16 @@ def test_quantized_matmul_on_strided_x(case):
     wt = GGMLTensor(w, "q8_0", (16, 64))
     _same(lambda a: ops.quantized_matmul(a, wt), contiguous, strided)
     _same(lambda a: ops.quantized_matmul(a, wt, precise_x=True), contiguous, strided)
+
+
+def test_mul_mat_id_on_strided_x_and_ids():
+    w = ops.quantize(mx.array(rng.standard_normal((4 * 16, 64)).astype(np.float32)), "q8_0", stream=mx.cpu)
+    experts = GGMLTensor(w, "q8_0", (4, 16, 64))
+    x = mx.array(rng.standard_normal((3, 2, 64)).astype(np.float32))
+    x_t = mx.swapaxes(mx.array(np.ascontiguousarray(np.swapaxes(np.array(x), 0, 1))), 0, 1)
+    ids = mx.array([[0, 3], [2, 1], [1, 1]], mx.int32)
+    ids_t = mx.swapaxes(mx.array(np.ascontiguousarray(np.array(ids).T)), 0, 1)
+    expected = ops.mul_mat_id(experts, x, ids)
+    got = ops.mul_mat_id(experts, x_t, ids_t)
+    mx.eval(expected, got)
+    assert np.array_equal(np.array(expected), np.array(got))

@@ -2,20 +2,20 @@
 
 #include <cstring>
 
+#include "csrc/backend/cpu/row_major.h"
 #include "kernels/cpu/mul_mat_id.h"
-#include "mlx/backend/cpu/encoder.h"
 
 namespace mlx_ggml_ext {
 
 void MulMatId::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
-  const auto& x = inputs[0];    // (T, X, Kx), row-contiguous: the op inserted the copies
-  const auto& w = inputs[1];    // (E, N, row_bytes)
-  const auto& ids = inputs[2];  // (T, n_used) int32
-  output_shapes(inputs);        // throws on inputs that do not fit (shapeless compile)
+  output_shapes(inputs);  // throws on inputs that do not fit (shapeless compile)
   out.set_data(mx::allocator::malloc(out.nbytes()));
   if (out.size() == 0) return;
   auto& enc = mx::cpu::get_command_encoder(stream());
-  for (const auto& in : inputs) enc.set_input_array(in);
+  const auto x = row_major_input(inputs[0], enc);    // (T, X, Kx)
+  const auto& w = inputs[1];                          // (E, N, row_bytes), row-contiguous: the op made it so
+  const auto ids = row_major_input(inputs[2], enc);  // (T, n_used) int32
+  for (const auto& in : {x, w, ids}) enc.set_input_array(in);
   enc.set_output_array(out);
   const int64_t E = w.shape(0), n_used = ids.shape(1);
   ggml_ext::cpu::MulMatIdArgs args{x.data<void>(), float_type(x.dtype()), w.data<void>(), type_,
