@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import resource
+import shlex
 import statistics
 import subprocess
 import sys
@@ -108,10 +109,11 @@ def mlx_affine4(model: nn.Module, group_size: int = 64) -> nn.Module:
     return model
 
 
-def llama_bench(binary: str, model: str, prompts, decode: int, threads: int) -> dict:
-    """{'pp256': tok/s, ..., 'tg128': tok/s} from one llama-bench run (one repetition per test)."""
+def llama_bench(binary: str, model: str, prompts, decode: int, threads: int, extra: str = "") -> dict:
+    """{'pp256': tok/s, ..., 'tg128': tok/s} from one llama-bench run (one repetition per test); `extra`: more
+    llama-bench arguments (`-ngl 99` offloads every layer to a GPU build's device)."""
     cmd = [binary, "-m", model, "-p", ",".join(map(str, prompts)), "-n", str(decode), "-t", str(threads),
-           "-r", "1", "-o", "json"]
+           "-r", "1", "-o", "json"] + shlex.split(extra)
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     result = {}
     for test in json.loads(out):
@@ -134,6 +136,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="a GGUF file")
     p.add_argument("--llama-bench", help="llama.cpp's llama-bench (CPU peer; same file and threads)")
+    p.add_argument("--llama-args", default="", help="more llama-bench arguments, e.g. '-ngl 99' for a CUDA build")
     p.add_argument("--llama-label", default="", help="what llama.cpp was built from, recorded as given")
     p.add_argument("--mlx-4bit", action="store_true", help="also MLX's own affine 4-bit model of the same shape")
     p.add_argument("--prompts", default="256,512", help="prefill lengths")
@@ -152,12 +155,15 @@ def main():
         contenders["mlx_affine4"] = lambda: ours(affine, prompts, args.decode, 1)
     if args.llama_bench:
         contenders["llama.cpp"] = lambda: llama_bench(args.llama_bench, args.model, prompts, args.decode,
-                                                      args.threads)
+                                                      args.threads, args.llama_args)
     setup = {"model": os.path.basename(args.model), "device": str(mx.default_device()),
              "cpu_isa": mlx_ggml_ext.cpu_isa(), "threads": args.threads, "llama_label": args.llama_label,
              "mlx": mx.__version__, "version": mlx_ggml_ext.__version__}
     emit({"setup": setup})
-    ours(model, [32], 8, 0)  # warm-up: first-call allocations and page faults of the mapped weights
+    # Warm-up of every MLX model: first-call allocations, kernel loads and page faults of the mapped weights
+    # (without it the first round's MLX affine 4-bit prefill on the H100 came out at half speed).
+    for warm in [model] + ([affine] if args.mlx_4bit else []):
+        ours(warm, prompts, 8, 0)
     samples = {name: [] for name in contenders}
     for r in range(args.rounds):
         for name, run in contenders.items():
