@@ -79,10 +79,6 @@ mx::array mul_mat_id(const mx::array& w, int ggml_type, const mx::Shape& w_shape
                                     " bytes, got data of shape ", shape_str(wb.bytes.shape()), "."));
   }
   const auto stream = mx::to_stream(s);
-  if (stream.device == mx::Device::gpu && std::string(gpu_backend()) == "metal") {
-    throw not_implemented_error(cat("[", kOp, "] is not implemented on Metal yet; run it on the CPU (stream=mx.cpu) "
-                                    "or use mlx-lm's gather_mm / gather_qmm on MLX weights."));
-  }
   const mx::array ids32 = ids.dtype() == mx::int32 ? ids : mx::astype(ids, mx::int32, stream);
   check_ids_if_available(ids32, E);
   const auto w3 = reshape_shared(wb.bytes, {E, N, static_cast<int>(row_bytes)}, stream);

@@ -261,12 +261,13 @@ def mul_mat_id(w: Union[GGMLTensor, mx.array], x: mx.array, ids: mx.array, *, st
     ``w``: a :class:`GGMLTensor` of logical shape ``(E, N, K)`` (E experts of N x K; any :class:`GGMLType`) or a
     float array ``(E, N, K)``. ``x``: float32/float16/bfloat16 ``(T, n_used, K)``, or ``(T, 1, K)``: one row per
     token that every slot reads (ggml's broadcast). ``ids``: integer ``(T, n_used)``, each in ``[0, E)``.
-    Returns ``(T, n_used, N)`` in x's dtype, ``out[t, s] = W[ids[t, s]] @ x[t, s or 0]``. The tokens are grouped by
-    expert, so each expert's blocks are read once per call. An id outside ``[0, E)`` raises ValueError here when
-    ``ids`` is already evaluated, else the evaluation raises (``mx.eval``: RuntimeError with the same message);
-    no weight is read out of bounds. Differentiable in x (the blocks and ids have no gradient); supports vmap
-    (over x, ids and a batch of expert sets), jvp and mx.compile (shapeless too). CPU; CUDA; Metal raises
-    NotImplementedError.
+    Returns ``(T, n_used, N)`` in x's dtype, ``out[t, s] = W[ids[t, s]] @ x[t, s or 0]``. On the CPU the tokens are
+    grouped by expert, so each expert's blocks are read once per call. An id outside ``[0, E)`` raises ValueError
+    here when ``ids`` is already evaluated (on a GPU stream they are evaluated here), else the CPU evaluation
+    raises (``mx.eval``: RuntimeError with the same message) and a GPU kernel gives that pair a row of NaN; no
+    weight is read out of bounds. Differentiable in x (the blocks and ids have no gradient); supports vmap
+    (over x, ids and a batch of expert sets), jvp and mx.compile (shapeless too). CPU; CUDA; Metal (checked in
+    the project's Metal emulator only, not on Apple hardware).
     """
     _require_array("x", x)
     _require_array("ids", ids)

@@ -145,7 +145,8 @@ def test_every_kernel_the_glue_asks_for_exists(metal):
     for sfx in DTYPES:
         wanted |= {f"rms_norm_{sfx}", f"rope_{sfx}"}
         for t in QUANT_TYPES + FLOAT_TYPES:
-            wanted |= {f"{k}_{t.lower()}_{sfx}" for k in ("dequantize", "qmv_x1", "qmv_x4", "qmv_x8", "qmm", "qmm_t")}
+            wanted |= {f"{k}_{t.lower()}_{sfx}" for k in ("dequantize", "qmv_x1", "qmv_x4", "qmv_x8", "qmm", "qmm_t",
+                                                                "mul_mat_id", "mul_mat_id_t")}
     assert wanted <= metal.kernels, sorted(wanted - metal.kernels)
 
 
@@ -476,6 +477,81 @@ def test_prefill_tiles_edges(metal, type_name, M, N, K, x_dtype):
 def test_prefill_weight_matrix_off_16_byte_boundary(metal):
     got, expected = run_matmul(metal, "qmm", "MXFP4", "f32", "f32", M=9, N=9, K=544, B2=2, A2=2, seed=3)
     assert_close(got, expected, MATMUL_TOL["f32"], "qmm MXFP4, second matrix at byte 9 * 289")
+
+
+# ---------------------------------------------------------------------------------------------------
+# mul_mat_id (mul_mat_id.metal): each (token, slot) pair through the expert its id chooses
+# ---------------------------------------------------------------------------------------------------
+def run_mul_mat_id(metal, type_name, dtype, transposed, broadcast_x, seed, E=4, N=9, T=3, used=3, bad=True):
+    """Dispatches csrc/backend/metal's plan for MulMatId on E random experts (ids with, when `bad`, E and -1
+    among them) and returns (got, expected float64 with NaN rows for the bad ids, x, experts, ids)."""
+    rng = np.random.default_rng(seed)
+    K = matmul_k(type_name)  # float types: 40, a last run of 8 elements
+    w, w64 = random_weight(rng, type_name, E * N, K)
+    w, w64 = w.reshape(E, N, -1), w64.reshape(E, N, K)
+    ids = np.stack([rng.permutation(E)[:used] for _ in range(T)]).astype(np.int32)
+    if bad:
+        ids[T - 1, used - 1], ids[0, 1] = E, -1
+    slots = 1 if broadcast_x else used
+    x = DTYPES[dtype][1](rng.standard_normal((T, slots, N if transposed else K)))
+    out_cols = K if transposed else N
+    plan = metal.plan("mul_mat_id", type=type_name.lower(), dtype=dtype, transposed=int(transposed), tokens=T,
+                      n_used=used, x_slots=slots, experts=E, N=N, K=K, row_bytes=w.shape[-1])
+    assert plan["kernel"] == f"mul_mat_id{'_t' if transposed else ''}_{type_name.lower()}_{dtype}", plan["kernel"]
+    # Zeros, not NaN bytes, beforehand: a NaN row must be the kernel's own.
+    out = metal.dispatch_plan(plan, {0: x, 1: w, 2: ids, 3: np.zeros((T, used, out_cols), DTYPES[dtype][0])},
+                              args_index=4, seed=seed)
+    got = DTYPES[dtype][2](out[3]).reshape(T, used, out_cols)
+    x64 = DTYPES[dtype][2](x).astype(np.float64).reshape(x.shape)
+    expected = np.full(got.shape, np.nan)
+    for t in range(T):
+        for s in range(used):
+            if 0 <= ids[t, s] < E:
+                xv = x64[t, 0 if broadcast_x else s]
+                expected[t, s] = xv @ w64[ids[t, s]] if transposed else w64[ids[t, s]] @ xv
+    return got, expected, x, w, ids
+
+
+def check_mul_mat_id(metal, type_name, dtype, transposed, broadcast_x, seed):
+    got, expected, *_ = run_mul_mat_id(metal, type_name, dtype, transposed, broadcast_x, seed)
+    bad = np.isnan(expected[:, :, 0])
+    assert bad.sum() == 2 and np.isnan(got[bad]).all(), f"{type_name}: the bad ids' rows are not NaN"
+    assert not np.isnan(got[~bad]).any(), f"{type_name}: NaN outside the bad ids' rows"
+    assert_close(got[~bad], expected[~bad], MATMUL_TOL[dtype],
+                 f"mul_mat_id {type_name} {dtype} T={transposed} broadcast={broadcast_x}")
+
+
+@pytest.mark.parametrize("type_name", QUANT_TYPES + FLOAT_TYPES)
+def test_mul_mat_id_every_type(metal, type_name):
+    """4 experts, 3 tokens of 3 slots (ids E and -1 among them: NaN rows, and the emulator's bounds checks
+    show that nothing outside the experts is read), float32 x: the forward product and the transposed one
+    (x's gradient), against gguf's dequantization in float64."""
+    for transposed in (False, True):
+        check_mul_mat_id(metal, type_name, "f32", transposed, False, seed=len(type_name) + transposed)
+
+
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q8_0", "Q4_K", "Q6_K", "IQ4_XS", "F16"])
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_mul_mat_id_half_x_and_broadcast_x(metal, type_name, dtype):
+    """x of one row per token that every slot reads (ggml's broadcast, x_slots = 1), and the transposed
+    product, in float16 / bfloat16 (output in x's dtype)."""
+    check_mul_mat_id(metal, type_name, dtype, False, True, seed=7)
+    check_mul_mat_id(metal, type_name, dtype, True, False, seed=8)
+
+
+def test_mul_mat_id_matches_the_cpu_op(metal):
+    """A second reference: the package's CPU kernel (ops.mul_mat_id) on the same blocks and ids, Q4_K, 5
+    experts chosen 2 per token over 4 tokens, x per slot and broadcast. The CPU meets the blocks with x
+    quantized to int8 (ggml's scheme), so the bound is test_mul_mat_id.py's NMSE, not the float one."""
+    from harness import nmse
+    from mlx_ggml_ext import GGMLTensor, GGMLType, ops
+
+    for broadcast_x in (False, True):
+        got, _, x, w, ids = run_mul_mat_id(metal, "Q4_K", "f32", False, broadcast_x, seed=11, E=5, N=7, T=4,
+                                           used=2, bad=False)
+        tensor = GGMLTensor(mx.array(w.reshape(-1)), GGMLType.Q4_K, (5, 7, 512))
+        cpu = ops.mul_mat_id(tensor, mx.array(x), mx.array(ids), stream=mx.cpu)
+        assert nmse(got, np.array(cpu)) <= 2e-4, f"broadcast={broadcast_x}"
 
 
 # ---------------------------------------------------------------------------------------------------

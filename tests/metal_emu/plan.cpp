@@ -67,6 +67,10 @@ int main(int argc, char** argv) {
                                  u32(f, "A2"), u32(f, "r2"), u32(f, "r3"), u32(f, "out_type"),
                                  // the emulator's buffers start 128-byte aligned
                                  u32_or(f, "w_line", 0), u32_or(f, "x_line", 0)}));
+  } else if (op == "mul_mat_id") {
+    print(plan_mul_mat_id(field(f, "type"), field(f, "dtype"), u32(f, "transposed") != 0,
+                          MulMatIdArgs{u32(f, "tokens"), u32(f, "n_used"), u32(f, "x_slots"), u32(f, "experts"),
+                                       u32(f, "N"), u32(f, "K"), u32(f, "row_bytes")}));
   } else {
     return 2;
   }

@@ -106,4 +106,14 @@ inline Plan<MatmulArgs> plan_matmul(const std::string& type_name, const std::str
            prefill_threadgroup_bytes(b)}};
 }
 
+// mul_mat_id.metal, groups (x, pairs = tokens * n_used) of 128 threads: forward, 4 weight rows per threadgroup
+// (a simdgroup each); transposed, 128 runs of 16 elements of K per threadgroup (a thread each).
+inline Plan<MulMatIdArgs> plan_mul_mat_id(const std::string& type_name, const std::string& dtype, bool transposed,
+                                          const MulMatIdArgs& args) {
+  const uint32_t pairs = args.tokens * args.n_used;  // the host checks that it fits
+  const uint32_t columns = transposed ? ceil_div_u32(ceil_div_u32(args.K, 16), 128) : ceil_div_u32(args.N, 4);
+  return {(transposed ? "mul_mat_id_t_" : "mul_mat_id_") + type_name + "_" + dtype, args,
+          {{columns, pairs, 1}, 128, 0}};
+}
+
 }  // namespace ggml_ext_metal

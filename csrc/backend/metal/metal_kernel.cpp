@@ -2,7 +2,14 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
+#include <cctype>
+#include <cstdint>
 #include <filesystem>
+#include <limits>
+
+#include "csrc/ggml_types.h"
+#include "kernels/common/ggml_blocks.h"
 
 namespace mlx_ggml_ext {
 namespace {
@@ -33,6 +40,27 @@ const char* metal_dtype_suffix(mx::Dtype dtype) {
   if (dtype == mx::float16) return "f16";
   if (dtype == mx::bfloat16) return "bf16";
   throw type_error(cat("[mlx_ggml_ext] no Metal kernel for dtype ", dtype_str(dtype), "."));
+}
+
+uint32_t checked_u32(int64_t v, const char* op, const char* what) {
+  if (v < 0 || v > std::numeric_limits<uint32_t>::max()) {
+    throw std::invalid_argument(cat("[", op, "] ", what, " = ", v, " is too large for the Metal kernels."));
+  }
+  return static_cast<uint32_t>(v);
+}
+
+std::string kernel_type_name(int type, const char* op) {
+  std::string name = ggml_type_info(type, op).name;
+  std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
+  return name;
+}
+
+void check_block_alignment(const mx::array& a, int type, const char* op) {
+  const size_t align = type == GGML_EXT_TYPE_F32 ? 4 : type == GGML_EXT_TYPE_MXFP4 ? 1 : 2;
+  if (reinterpret_cast<uintptr_t>(a.data<uint8_t>()) % align != 0) {
+    throw std::invalid_argument(cat("[", op, "] the ", ggml_type_info(type, op).name, " data starts at an offset ",
+                                    "not aligned to ", align, " bytes; the Metal kernels need it (copy it first)."));
+  }
 }
 
 MetalKernel::MetalKernel(const mx::Stream& stream, const std::string& name)

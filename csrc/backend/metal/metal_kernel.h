@@ -6,6 +6,7 @@
 // Apple's headers) and has not run on Apple hardware; tests/test_metal_emulation.py dispatches the
 // kernels with the same grids and arguments on the project's Metal emulator.
 #pragma once
+#include <cstdint>
 #include <string>
 
 #include "csrc/backend/metal/launch_plans.h"
@@ -16,6 +17,16 @@ namespace mlx_ggml_ext {
 
 // "f32", "f16" or "bf16": the dtype suffix of the kernels' host names.
 const char* metal_dtype_suffix(mx::Dtype dtype);
+
+// The kernels index with 32-bit counts (and 64-bit offsets): v, or a clear error rather than a wrap.
+uint32_t checked_u32(int64_t v, const char* op, const char* what);
+
+// The type's name as the kernels spell it: "q4_k", "f32".
+std::string kernel_type_name(int type, const char* op);
+
+// Blocks are read through their uint16 fields (float weights as whole elements): the data must be aligned
+// for them. MLX's buffers are; a view at an odd byte offset into one would not be.
+void check_block_alignment(const mx::array& a, int type, const char* op);
 
 // One dispatch of one kernel, from its launch plan (launch_plans.h): bind, then dispatch once.
 //   const auto plan = ggml_ext_metal::plan_rms_norm(...);

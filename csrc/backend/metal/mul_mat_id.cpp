@@ -1,9 +1,42 @@
-// Metal: mul_mat_id has no Metal kernel yet. The op refuses a Metal stream when the graph is built
-// (NotImplementedError naming the alternative); this definition only completes the primitive.
+// Metal eval_gpu of MulMatId (kernels/metal/mul_mat_id.metal: the ids read by the kernel, a bad one giving its
+// pair a row of NaN). Checked in the project's Metal emulator (tests/test_metal_emulation.py); not run on Apple
+// hardware.
 #include "csrc/mul_mat_id.h"
+
+#include "csrc/backend/metal/metal_kernel.h"
+#include "csrc/ggml_types.h"
 
 namespace mlx_ggml_ext {
 
-MLX_GGML_EXT_NO_GPU_KERNEL(MulMatId)
+void MulMatId::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  constexpr const char* op = "mul_mat_id";
+  const auto& x = inputs[0];    // (T, X, Kx), row-contiguous: the op inserted the copies
+  const auto& w = inputs[1];    // (E, N, row_bytes) uint8
+  const auto& ids = inputs[2];  // (T, n_used) int32
+  output_shapes(inputs);        // throws on inputs that do not fit (shapeless compile)
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  if (out.size() == 0) return;
+  check_block_alignment(w, type_, op);
+  const auto info = ggml_type_info(type_, op);
+  const int64_t row_bytes = w.shape(2), K = row_bytes / info.type_size * info.block_size;
+  checked_u32(static_cast<int64_t>(ids.size()), op, "tokens x n_used");  // the grid's pairs
+  checked_u32(K + 15, op, "K + 15");  // the kernels count K's runs of 16 as (K + 15) / 16
+  const ggml_ext_metal::MulMatIdArgs args{checked_u32(ids.shape(0), op, "tokens"),
+                                          checked_u32(ids.shape(1), op, "n_used"),
+                                          checked_u32(x.shape(1), op, "x slots"),
+                                          checked_u32(w.shape(0), op, "experts"),
+                                          checked_u32(w.shape(1), op, "N"),
+                                          checked_u32(K, op, "K"),
+                                          checked_u32(row_bytes, op, "row bytes")};
+  const auto plan = ggml_ext_metal::plan_mul_mat_id(kernel_type_name(type_, op), metal_dtype_suffix(out.dtype()),
+                                                    transpose_, args);
+  MetalKernel(stream(), plan.kernel)
+      .input(x, 0)
+      .input(w, 1)
+      .input(ids, 2)
+      .output(out, 3)
+      .bytes(plan.args, 4)
+      .dispatch(plan.grid);
+}
 
 }  // namespace mlx_ggml_ext

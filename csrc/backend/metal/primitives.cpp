@@ -2,9 +2,7 @@
 // one dispatch helper, MetalKernel, with its launch plan from launch_plans.h (which the emulator tests
 // dispatch too). Not run on Apple hardware.
 #include <algorithm>
-#include <cctype>
 #include <cstdint>
-#include <limits>
 
 #include "csrc/backend/metal/metal_kernel.h"
 #include "csrc/dequantize.h"
@@ -16,36 +14,8 @@
 #include "kernels/common/ggml_blocks.h"
 
 namespace mlx_ggml_ext {
-namespace {
 
 namespace gm = ggml_ext_metal;
-
-// The kernels index with 32-bit counts (and 64-bit offsets): a clear error rather than a wrap.
-uint32_t checked_u32(int64_t v, const char* op, const char* what) {
-  if (v < 0 || v > std::numeric_limits<uint32_t>::max()) {
-    throw std::invalid_argument(cat("[", op, "] ", what, " = ", v, " is too large for the Metal kernels."));
-  }
-  return static_cast<uint32_t>(v);
-}
-
-// The type's name as the kernels spell it: "q4_k", "f32".
-std::string kernel_type_name(int type, const char* op) {
-  std::string name = ggml_type_info(type, op).name;
-  std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
-  return name;
-}
-
-// Blocks are read through their uint16 fields (float weights as whole elements): the data must be aligned
-// for them. MLX's buffers are; a view at an odd byte offset into one would not be.
-void check_block_alignment(const mx::array& a, int type, const char* op) {
-  const size_t align = type == GGML_EXT_TYPE_F32 ? 4 : type == GGML_EXT_TYPE_MXFP4 ? 1 : 2;
-  if (reinterpret_cast<uintptr_t>(a.data<uint8_t>()) % align != 0) {
-    throw std::invalid_argument(cat("[", op, "] the ", ggml_type_info(type, op).name, " data starts at an offset ",
-                                    "not aligned to ", align, " bytes; the Metal kernels need it (copy it first)."));
-  }
-}
-
-}  // namespace
 
 void RMSNorm::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
   constexpr const char* op = "rms_norm";
