@@ -15,10 +15,9 @@ struct Operand {
 };
 
 Operand operand(const mx::array& a, mx::cpu::CommandEncoder& enc) {
-  const auto& st = a.strides();
-  if (st[3] == 1 || a.shape(3) == 1) return {a, {st[0], st[1], st[2]}};
-  return {row_major_input(a, enc),
-          {int64_t(a.shape(1)) * a.shape(2) * a.shape(3), int64_t(a.shape(2)) * a.shape(3), a.shape(3)}};
+  const mx::array rows = a.strides()[3] == 1 || a.shape(3) == 1 ? a : row_major_input(a, enc);
+  const auto& st = rows.strides();  // a copy's are row-major
+  return {rows, {st[0], st[1], st[2]}};
 }
 
 }  // namespace
