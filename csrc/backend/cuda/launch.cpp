@@ -5,6 +5,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "csrc/backend/cuda/buffer_cache.h"
 #include "mlx/backend/cuda/allocator.h"
 
 namespace mlx_ggml_ext::cuda {
@@ -33,7 +34,7 @@ void release_buffer(mx::allocator::Buffer buffer) {
   if (!buf) return;
   if (buf->data) {
     if (buf->device >= 0) {
-      cudaFreeAsync(buf->data, release_stream());
+      if (!cache_release(buf->device, buf->data, buf->size)) cudaFreeAsync(buf->data, release_stream());
     } else {
       cudaPointerAttributes attributes{};
       if (cudaPointerGetAttributes(&attributes, buf->data) == cudaSuccess &&
@@ -78,10 +79,16 @@ void allocate(mx::cu::CommandEncoder& enc, mx::array& a) {
   const int device = enc.device().cuda_device();
   // Stream-ordered allocation needs CUDA memory pools (MLX falls back the same way without them).
   if (memory_policy() == Memory::device && enc.device().memory_pools()) {
-    void* data = nullptr;
-    if (bytes) {
+    void* data = bytes ? cached_buffer(device, bytes) : nullptr;
+    if (bytes && !data) {
+      // The size class's bytes, so the buffer can serve any request of its class once it comes back.
+      const size_t class_bytes = cache_class_bytes(bytes);
       check(cudaSetDevice(device), "cudaSetDevice");
-      check(cudaMallocAsync(&data, bytes, enc.stream()), "cudaMallocAsync");
+      if (cudaMallocAsync(&data, class_bytes, enc.stream()) != cudaSuccess) {
+        cudaGetLastError();  // out of memory, maybe only because of what the cache holds: give that back
+        clear_buffer_cache();
+        check(cudaMallocAsync(&data, class_bytes, enc.stream()), "cudaMallocAsync");
+      }
     }
     a.set_data(mx::allocator::Data(mx::allocator::Buffer(new mx::cu::CudaBuffer{data, bytes, device}), release_buffer));
     return;
