@@ -10,6 +10,7 @@ Q4_0 blocks, MLX's `mx.quantized_matmul` (affine 4-bit, group 64: what mlx-lm's 
 MLX's float16 matmul, plus our rms_norm against `mx.fast.rms_norm` (the smallest op of a layer)."""
 
 import argparse
+import os
 import time
 
 import mlx.core as mx
@@ -64,7 +65,10 @@ def main():
         wall = float(np.median([a for a, _ in s]))
         cpu = float(np.median([b for _, b in s]))
         emit({"bench": "host_cost", "op": name, "dim": d, "chain": args.chain, "dtype": str(dtype),
-              "device": str(mx.default_device()), "rounds": args.rounds, "wall_us_per_op": wall * 1e6,
+              "device": str(mx.default_device()), "rounds": args.rounds,
+              # our CUDA buffer cache's limit (csrc/backend/cuda/buffer_cache.h; unset: 256 MB, 0: off)
+              "cuda_cache_mb": os.environ.get("MLX_GGML_EXT_CUDA_CACHE_MB", "default"),
+              "wall_us_per_op": wall * 1e6,
               "process_cpu_us_per_op": cpu * 1e6})
 
 

@@ -68,8 +68,11 @@ class GGMLLinear(nn.Module):
                 + (", precise_x=True" if self.precise_x else ""))
 
     def __call__(self, x: mx.array) -> mx.array:
-        y = _ext.quantized_matmul(x, self.weight, int(self.ggml_type), precise_x=self.precise_x)
-        return y + self["bias"] if "bias" in self else y
+        # Items read as dict items, not attributes: nn.Module's attribute fallback costs ~2 us a lookup, and a
+        # decode token calls a model's linear layers hundreds of times.
+        y = _ext.quantized_matmul(x, self["weight"], self.ggml_type.value, precise_x=self.precise_x)
+        bias = self.get("bias")
+        return y if bias is None else y + bias
 
 
 class GGMLEmbedding(nn.Module):
@@ -110,7 +113,7 @@ class GGMLEmbedding(nn.Module):
         """``x @ table^T`` (a tied output head), on the blocks (``precise_x``: see :class:`GGMLLinear`; by
         default the one given to the constructor)."""
         precise = self.precise_x if precise_x is None else precise_x
-        return _ext.quantized_matmul(x, self.weight, int(self.ggml_type), precise_x=precise)
+        return _ext.quantized_matmul(x, self["weight"], self.ggml_type.value, precise_x=precise)
 
 
 class GGMLSwitchLinear(nn.Module):
@@ -210,7 +213,7 @@ class GGMLRMSNorm(nn.Module):
         return f"{self.weight.shape[0]}, eps={self.eps}"
 
     def __call__(self, x: mx.array) -> mx.array:
-        return _ext.rms_norm(x, self.weight, self.eps)
+        return _ext.rms_norm(x, self["weight"], self.eps)  # a dict item: see GGMLLinear.__call__
 
 
 def replace_linear_layers(model: nn.Module, tensors: Mapping[str, GGMLTensor], names: NameMap) -> list:
