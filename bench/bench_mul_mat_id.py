@@ -7,7 +7,9 @@ Contenders, interleaved in the same rounds (medians, and best rounds):
   on the rows routed to it (each expert's slice of the same blocks), results gathered back in one graph;
 - dense_8n: one quantized_matmul of the T rows against a single 12288 x 4096 Q4_K matrix (8 experts' rows): the
   same multiply-adds, and for decode the same weight bytes read, as a dense model would take.
-Weights are random Q4_K blocks with small scales (the kernels do not branch on values)."""
+Weights: one random expert quantized by ops.quantize and repeated (distinct memory per expert; the kernels do
+not branch on values). --experts/--used/--n/--k/--types set the case: llama.cpp's test-backend-ops perf cases
+are 128 experts, 8 used, 768 x 2048 (qwen3-30b-a3b) and 32, 4, 2880 x 2880 (gpt-oss-20b, MXFP4)."""
 
 import argparse
 import statistics
@@ -18,26 +20,35 @@ import numpy as np
 from common import add_run_options, device_name, emit, header, interleaved_samples
 from mlx_ggml_ext import GGMLTensor, GGMLType, ops
 
-E, USED, N, K = 64, 8, 1536, 4096
-T_TYPE = GGMLType.Q4_K
 
-
-def random_q4_k(rng, rows: int) -> mx.array:
-    data = rng.integers(0, 256, (rows * K // 256, 144), dtype=np.uint8)
-    data[:, 0:4] = np.full((data.shape[0], 2), 0.01, np.float16).view(np.uint8)  # d and dmin
-    return mx.array(data.reshape(rows, -1))
+def random_experts(rng, ggml_type: GGMLType, experts: int, n: int, k: int) -> mx.array:
+    """(experts * n, row_bytes) blocks: one random (n, k) expert quantized, repeated."""
+    one = ops.quantize(mx.array(rng.standard_normal((n, k)).astype(np.float32) * 0.02), ggml_type, stream=mx.cpu)
+    return mx.concatenate([one] * experts, axis=0)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
     add_run_options(parser, rounds=9)
     parser.add_argument("--tokens", type=int, nargs="*", default=[1, 2, 4, 8, 512])
+    parser.add_argument("--experts", type=int, default=64)
+    parser.add_argument("--used", type=int, default=8)
+    parser.add_argument("--n", type=int, default=1536, help="rows of each expert (output features)")
+    parser.add_argument("--k", type=int, default=4096, help="columns of each expert (input features)")
+    parser.add_argument("--types", default="Q4_K", help="comma-separated ggml types")
     args = parser.parse_args()
     header(not args.mlx_default_cache)
+    E, USED, N, K = args.experts, args.used, args.n, args.k
     rng = np.random.default_rng(0)
-    blocks = random_q4_k(rng, E * N)
-    dense = random_q4_k(rng, USED * N)
-    mx.eval(blocks, dense)
+    for T_TYPE in [GGMLType.of(t) for t in args.types.split(",")]:
+        blocks = random_experts(rng, T_TYPE, E, N, K)
+        dense = random_experts(rng, T_TYPE, USED, N, K)
+        mx.eval(blocks, dense)
+        run_type(args, rng, T_TYPE, blocks, dense, E, USED, N, K)
+
+
+def run_type(args, rng, T_TYPE, blocks, dense, E, USED, N, K):
+    """Every --tokens count of one type: the three contenders interleaved, one JSON line each."""
     experts = GGMLTensor(blocks, T_TYPE, (E, N, K))
     slices = [blocks[e * N:(e + 1) * N] for e in range(E)]
     mx.eval(slices)
