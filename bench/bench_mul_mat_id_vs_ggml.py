@@ -1,0 +1,116 @@
+"""ops.mul_mat_id against llama.cpp's own MUL_MAT_ID on the same machine and backend, in one run: JSON lines.
+
+llama.cpp's `test-backend-ops perf -o MUL_MAT_ID` times its perf cases (the experts of qwen3-30b-a3b: 128 of
+them, 8 used per token, 768 x 2048 each; of gpt-oss-20b: 32, 4 used, 2880 x 2880, MXFP4), x float32 with
+n tokens. Each round runs it once, then ours on the same cases: `--graph` products of the same x and ids (random,
+each token choosing distinct experts, as test-backend-ops draws them once per case) in one evaluated graph, so
+the time per product is what a model's step pays per op (kernel plus host cost), like test-backend-ops'
+repeated launches of one graph. Both therefore read the same chosen experts again and again: at few tokens they
+come from the last-level cache (8 of 128 Q4_K experts of 768 x 2048 are 7 MB), not from memory as in a real
+decode, where each token picks new ones. Weights are random blocks made by ops.quantize (ggml's are random too;
+no kernel branches on values).
+
+    python bench_mul_mat_id_vs_ggml.py --ggml-bin llama.cpp/build/bin/test-backend-ops --backend CUDA0
+
+test-backend-ops is not a dependency: build llama.cpp with -DLLAMA_BUILD_TESTS=ON (and -DGGML_CUDA=ON for the
+GPU) and build the target test-backend-ops."""
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import time
+
+import mlx.core as mx
+import numpy as np
+
+from common import CACHE_LIMIT, device_name, emit
+from mlx_ggml_ext import GGMLTensor, GGMLType, num_threads, ops
+
+# Our type names by the spelling of ggml's type names.
+GGML_SPELLING = {"Q4_0": "q4_0", "Q8_0": "q8_0", "Q4_K": "q4_K", "Q6_K": "q6_K", "IQ4_XS": "iq4_xs",
+                 "MXFP4": "mxfp4", "F16": "f16"}
+RESULT = re.compile(r"MUL_MAT_ID\(type_a=(\w+),type_b=f32,n_mats=(\d+),n_used=(\d+),b=0,m=(\d+),n=(\d+),"
+                    r"k=(\d+)[^)]*\):.*?([\d.]+) us/run")
+
+
+def ggml_run(binary: str, backend: str, types, tokens, case) -> dict:
+    """{(type, tokens): us per product} of one test-backend-ops call, for the case (experts, used, m, k)."""
+    experts, used, m, k = case
+    spelled = {GGML_SPELLING[t]: t for t in types}
+    pattern = (f"type_a=({'|'.join(spelled)}),type_b=f32,n_mats={experts},n_used={used},b=0,m={m},"
+               f"n=({'|'.join(map(str, tokens))}),k={k},")
+    out = subprocess.run([binary, "perf", "-b", backend, "-o", "MUL_MAT_ID", "-p", pattern], check=True,
+                         capture_output=True, text=True).stdout
+    found = {}
+    for r in RESULT.finditer(out):
+        if (int(r[2]), int(r[3]), int(r[4]), int(r[6])) == case:
+            found[(spelled[r[1]], int(r[5]))] = float(r[7])
+    absent = [(t, n) for t in types for n in tokens if (t, n) not in found]
+    if absent:
+        raise RuntimeError(f"test-backend-ops gave no time for {absent} of case {case}:\n{out[-1500:]}")
+    return found
+
+
+def our_products(rng, ggml_type: GGMLType, case, tokens: int, count: int):
+    """The expert weights of one case and `count` references to one (x, ids), evaluated."""
+    experts, used, m, k = case
+    one = ops.quantize(mx.array(rng.standard_normal((m, k)).astype(np.float32)), ggml_type, stream=mx.cpu)
+    weights = GGMLTensor(mx.concatenate([one] * experts, axis=0), ggml_type, (experts, m, k))
+    ids = np.stack([rng.permutation(experts)[:used] for _ in range(tokens)]).astype(np.int32)
+    x = mx.array(rng.standard_normal((tokens, 1, k)).astype(np.float32))
+    mx.eval(weights.data, x)
+    return weights, [(x, mx.array(ids))] * count
+
+
+def our_us(weights, inputs) -> float:
+    """Median over 5 evaluations of all the products in one graph, per product."""
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        mx.eval([ops.mul_mat_id(weights, x, ids) for x, ids in inputs])
+        times.append((time.perf_counter() - start) / len(inputs))
+    return statistics.median(times) * 1e6
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ggml-bin", required=True, help="llama.cpp's test-backend-ops")
+    p.add_argument("--backend", default="CPU", help="test-backend-ops' backend name: CPU, CUDA0")
+    p.add_argument("--types", default="Q4_0,Q8_0,Q4_K,Q6_K,IQ4_XS")
+    p.add_argument("--tokens", default="1,8,512")
+    p.add_argument("--case", default="128,8,768,2048", help="experts,used,m,k of a test-backend-ops perf case")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--graph", type=int, default=16, help="our products per evaluated graph (fewer from 64 tokens)")
+    p.add_argument("--label", default="", help="what llama.cpp was built from, recorded as given")
+    args = p.parse_args()
+    if not os.access(args.ggml_bin, os.X_OK):
+        p.error(f"--ggml-bin {args.ggml_bin!r} is not an executable")
+    types, tokens = args.types.split(","), [int(v) for v in args.tokens.split(",")]
+    case = tuple(int(v) for v in args.case.split(","))
+    if len(case) != 4 or any(t not in GGML_SPELLING for t in types):
+        p.error(f"--case takes 4 ints; --types from {sorted(GGML_SPELLING)}")
+    mx.set_cache_limit(CACHE_LIMIT)
+    rng = np.random.default_rng(0)
+    ours_inputs = {(t, n): our_products(rng, GGMLType[t], case, n, args.graph if n < 64 else 2)
+                   for t in types for n in tokens}
+    samples = {key: {"ggml": [], "ours": []} for key in ours_inputs}
+    for r in range(args.rounds):
+        theirs = ggml_run(args.ggml_bin, args.backend, types, tokens, case)
+        for key, (weights, inputs) in ours_inputs.items():
+            samples[key]["ggml"].append(theirs[key])
+            samples[key]["ours"].append(our_us(weights, inputs))
+            emit({"bench": "mul_mat_id_vs_ggml_round", "round": r, "type": key[0], "tokens": key[1],
+                  "ggml_us": samples[key]["ggml"][-1], "ours_us": samples[key]["ours"][-1]})
+    experts, used, m, k = case
+    for (t, n), s in samples.items():
+        g, o = statistics.median(s["ggml"]), statistics.median(s["ours"])
+        emit({"bench": "mul_mat_id_vs_ggml", "type": t, "experts": experts, "used": used, "m": m, "k": k,
+              "tokens": n, "device": device_name(), "ggml_backend": args.backend, "ggml": args.label,
+              "ours_threads": num_threads(), "rounds": args.rounds, "ggml_us": g, "ours_us": o,
+              "ggml_over_ours": g / o, "ours_gflops": 2 * n * used * m * k / o / 1e3})
+
+
+if __name__ == "__main__":
+    main()
