@@ -40,6 +40,10 @@ class Tiny:
     yarn_factor, yarn_original = 8.0, 256
 
 
+class NoYarn(Tiny):
+    yarn_factor = 1.0  # no rope scaling: the ramp, the interpolation and the magnitude all inert
+
+
 def write_gpt_oss(path: str, m=Tiny, seed: int = 0, drop: tuple = ()) -> None:
     """The tiny gpt-oss GGUF (tensor names and shapes as llama.cpp's converter writes them); `drop`: tensor
     names left out."""
@@ -56,8 +60,9 @@ def write_gpt_oss(path: str, m=Tiny, seed: int = 0, drop: tuple = ()) -> None:
         w.add_uint32(f"{a}.{key}", value)
     w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", m.eps)
     w.add_float32(f"{a}.rope.freq_base", m.base)
-    w.add_string(f"{a}.rope.scaling.type", "yarn")
-    w.add_float32(f"{a}.rope.scaling.factor", m.yarn_factor)
+    if m.yarn_factor != 1.0:  # 1: no scaling keys, plain NEOX rope
+        w.add_string(f"{a}.rope.scaling.type", "yarn")
+        w.add_float32(f"{a}.rope.scaling.factor", m.yarn_factor)
 
     def add(name, data, qtype=Q.F32):
         if name in drop:
@@ -209,18 +214,21 @@ def test_reference_exercises_the_features(tiny):
     no_sinks = {n: (np.zeros_like(t) if n.endswith("attn_sinks.weight") else t) for n, t in W.items()}
     assert _rel_max(forward(no_sinks, TOKENS), expected) > 1e-2
 
-    class NoYarn(Tiny):
-        yarn_factor = 1.0  # ramp, interpolation and magnitude all inert
     assert _rel_max(forward(W, TOKENS, NoYarn), expected) > 1e-2
 
 
-def test_gpt_oss_math_matches_reference(tiny, float_products):
+@pytest.mark.parametrize("m", [Tiny, NoYarn], ids=["yarn", "plain-rope"])
+def test_gpt_oss_math_matches_reference(m, tiny, tmp_path, float_products):
     """Every product on the dequantized float matrices: float32 against float64, ~1e-6 relative after two
-    layers; a wrong formula (sinks, clamps, YaRN, window, router, a bias) is off by > 1e-2 (test above)."""
+    layers; a wrong formula (sinks, clamps, YaRN, window, router, a bias) is off by > 1e-2 (test above).
+    Without rope scaling the model's rope is the package's (GGMLRoPE), with YaRN mlx-lm's YarnRoPE."""
     path, W = tiny
+    if m is not Tiny:
+        path = str(tmp_path / "plain.gguf")
+        write_gpt_oss(path, m)
     model, _ = models.load(path, tokenizer=False)
     bound = 1e-5 if mx.default_device() == mx.cpu else 2e-3  # MLX's GPU float matmuls round more (test_models)
-    assert _rel_max(_logits(model, TOKENS), forward(W, TOKENS)) < bound
+    assert _rel_max(_logits(model, TOKENS), forward(W, TOKENS, m)) < bound
 
 
 def test_gpt_oss_logits_through_the_kernels(tiny):
