@@ -38,10 +38,15 @@ class Tiny:
     # YaRN with a short original context, so that positions 0..31 already fall on both sides of the ramp
     # (pairs 0..12 of 32 rotate at pos/period, pairs from 13 on mix towards pos/(8 period)).
     yarn_factor, yarn_original = 8.0, 256
+    sliding = None  # None: no sliding_window_pattern key (llama.cpp's default: layer 0 slides, 1 does not)
 
 
 class NoYarn(Tiny):
     yarn_factor = 1.0  # no rope scaling: the ramp, the interpolation and the magnitude all inert
+
+
+class SecondSlides(Tiny):
+    sliding = [False, True]  # the pattern as one flag per layer (a bool array), the other way round
 
 
 def write_gpt_oss(path: str, m=Tiny, seed: int = 0, drop: tuple = ()) -> None:
@@ -60,6 +65,8 @@ def write_gpt_oss(path: str, m=Tiny, seed: int = 0, drop: tuple = ()) -> None:
         w.add_uint32(f"{a}.{key}", value)
     w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", m.eps)
     w.add_float32(f"{a}.rope.freq_base", m.base)
+    if m.sliding is not None:
+        w.add_array(f"{a}.attention.sliding_window_pattern", m.sliding)
     if m.yarn_factor != 1.0:  # 1: no scaling keys, plain NEOX rope
         w.add_string(f"{a}.rope.scaling.type", "yarn")
         w.add_float32(f"{a}.rope.scaling.factor", m.yarn_factor)
@@ -181,7 +188,8 @@ def forward(W, tokens, m=Tiny, stats=None):
                    for n in ("attn_q", "attn_k", "attn_v"))
         q = yarn_rope(q, pos, m.base, m.yarn_factor, m.yarn_original)
         k = yarn_rope(k, pos, m.base, m.yarn_factor, m.yarn_original)
-        window = m.window if i % 2 == 0 else 0  # llama.cpp's default pattern 2: even layers slide
+        slides = i % 2 == 0 if m.sliding is None else m.sliding[i]  # llama.cpp's default: even layers slide
+        window = m.window if slides else 0
         o = attention_with_sinks(q, k, v, b("attn_sinks.weight"), 1 / math.sqrt(m.head_dim), window)
         x = x + o @ b("attn_output.weight").T + b("attn_output.bias")
         h = ref.rms_norm(x, b("post_attention_norm.weight"), m.eps)
@@ -215,16 +223,17 @@ def test_reference_exercises_the_features(tiny):
     assert _rel_max(forward(no_sinks, TOKENS), expected) > 1e-2
 
     assert _rel_max(forward(W, TOKENS, NoYarn), expected) > 1e-2
+    assert _rel_max(forward(W, TOKENS, SecondSlides), expected) > 1e-2
 
 
-@pytest.mark.parametrize("m", [Tiny, NoYarn], ids=["yarn", "plain-rope"])
+@pytest.mark.parametrize("m", [Tiny, NoYarn, SecondSlides], ids=["yarn", "plain-rope", "pattern-flags"])
 def test_gpt_oss_math_matches_reference(m, tiny, tmp_path, float_products):
     """Every product on the dequantized float matrices: float32 against float64, ~1e-6 relative after two
     layers; a wrong formula (sinks, clamps, YaRN, window, router, a bias) is off by > 1e-2 (test above).
     Without rope scaling the model's rope is the package's (GGMLRoPE), with YaRN mlx-lm's YarnRoPE."""
     path, W = tiny
-    if m is not Tiny:
-        path = str(tmp_path / "plain.gguf")
+    if m is not Tiny:  # the same weights (same seed), other metadata
+        path = str(tmp_path / "variant.gguf")
         write_gpt_oss(path, m)
     model, _ = models.load(path, tokenizer=False)
     bound = 1e-5 if mx.default_device() == mx.cpu else 2e-3  # MLX's GPU float matmuls round more (test_models)
