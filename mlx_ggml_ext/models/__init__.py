@@ -88,7 +88,7 @@ def load(path: "str | os.PathLike", *, tokenizer: bool = True, progress: Progres
     docs/models.md), at about a third more time for the head at decode.
 
     Raises NotImplementedError for an architecture other than llama (Mixtral-style experts included), qwen2,
-    qwen3, qwen3moe, gemma3, phi3."""
+    qwen3, qwen3moe, gemma3, phi3, gpt-oss."""
     gguf_file = _gguf.load(path)
     architecture_of(gguf_file.metadata)  # the clear error before anything else
     model = build_model(gguf_file, progress, fused_ops, precise_head)

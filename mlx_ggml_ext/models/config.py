@@ -11,11 +11,11 @@ from typing import Any, Mapping, Optional
 
 import numpy as np
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma3", "phi3")
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma3", "phi3", "gpt-oss")
 
 # mlx-lm's module (mlx_lm.models.<name>) for each architecture.
 MLX_LM_MODULES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3moe": "qwen3_moe",
-                  "gemma3": "gemma3_text", "phi3": "phi3"}
+                  "gemma3": "gemma3_text", "phi3": "phi3", "gpt-oss": "gpt_oss"}
 
 # Values llama.cpp supplies itself when a GGUF does not carry them (src/llama-model.cpp's hparams loading).
 LLAMA_CPP_DEFAULTS = {
@@ -24,6 +24,15 @@ LLAMA_CPP_DEFAULTS = {
         "rope_local_base_freq": 10_000.0,
         # Every 6th layer (index 5, 11, ...) attends globally, the other five through the sliding window.
         "sliding_window_pattern": 6,
+    },
+    "gpt-oss": {
+        # No attention.sliding_window_pattern: every 2nd layer (index 1, 3, ...) attends globally, the others
+        # through the sliding window.
+        "sliding_window_pattern": 2,
+        # llama.cpp's YaRN ramp for gpt-oss: it does not read rope.scaling.yarn_beta_fast/slow for this
+        # architecture, so these are always the values.
+        "yarn_beta_fast": 32.0,
+        "yarn_beta_slow": 1.0,
     },
     # No rope.freq_base in the file: llama.cpp's default base.
     "rope_freq_base": 10_000.0,
@@ -74,8 +83,8 @@ def _rope_scaling(meta, arch: str, context: int) -> Optional[dict]:
     """`{arch}.rope.scaling.*` as mlx-lm's rope_scaling dict (None: no scaling)."""
     kind = meta.get(f"{arch}.rope.scaling.type")
     factor = meta.get(f"{arch}.rope.scaling.factor")
-    if kind in (None, "none") or factor in (None, 0.0, 1.0) and kind != "yarn":
-        return None
+    if kind in (None, "none") or factor in (None, 0.0) or factor == 1.0 and kind != "yarn":
+        return None  # no factor (or 0): llama.cpp scales nothing
     original = int(meta.get(f"{arch}.rope.scaling.original_context_length", context))
     if kind == "linear":
         return {"rope_type": "linear", "factor": float(factor)}
@@ -103,6 +112,61 @@ def _mixture_of_experts(args: dict, get, tensor_shapes, n_layers: int, arch: str
     args.update(num_experts=experts, num_local_experts=experts, num_experts_per_tok=used)
 
 
+def _sliding_layers(get, n_layers: int, arch: str, notes: list) -> list:
+    """Which layers attend through the sliding window: `{arch}.attention.sliding_window_pattern` as one flag
+    per layer, or as a period n (layer i slides unless i % n == n - 1, llama.cpp's reading), by default
+    llama.cpp's period for the architecture."""
+    pattern = get("attention.sliding_window_pattern", None, required=False)
+    if pattern is None:
+        pattern = LLAMA_CPP_DEFAULTS[arch]["sliding_window_pattern"]
+        notes.append(f"sliding-window pattern {pattern} (llama.cpp's default for {arch})")
+    if isinstance(pattern, (list, tuple, np.ndarray)):
+        flags = [bool(v) for v in np.asarray(pattern).reshape(-1)]
+        if len(flags) != n_layers:
+            raise ValueError(f"{arch}.attention.sliding_window_pattern has {len(flags)} flags for {n_layers} layers")
+        return flags
+    period = int(pattern)
+    return [period == 0 or i % period < period - 1 for i in range(n_layers)]
+
+
+def _gpt_oss(args: dict, get, meta, tensor_shapes, n_layers: int, head_dim: int, notes: list) -> None:
+    """gpt-oss's values into `args` (mlx-lm's gpt_oss ModelArgs): experts with their own feed-forward size, the
+    sliding window and which layers use it, and YaRN as llama.cpp computes it for this architecture."""
+    arch = "gpt-oss"
+    _mixture_of_experts(args, get, tensor_shapes, n_layers, arch)
+    window = get("attention.sliding_window", None, required=False)
+    if window is None:
+        raise ValueError("gpt-oss: the GGUF file lacks gpt-oss.attention.sliding_window")
+    sliding = _sliding_layers(get, n_layers, arch, notes)
+    if all(sliding) or not any(sliding):
+        # mlx-lm's gpt_oss builds one mask of each kind from the first layer of each kind
+        raise NotImplementedError(f"gpt-oss: {'every' if all(sliding) else 'no'} layer slides; mlx-lm's gpt_oss "
+                                  "needs both sliding and full-attention layers")
+    base = float(args["rope_theta"])
+    base_swa = get("rope.freq_base_swa", None, required=False)
+    if base_swa is not None and float(base_swa) != base:
+        raise NotImplementedError(f"gpt-oss: a sliding-layer rope base ({float(base_swa):g}) other than the "
+                                  f"global one ({base:g}) is not supported")
+    attn_factor = meta.get(f"{arch}.rope.scaling.attn_factor")
+    if attn_factor is not None and float(attn_factor) != 1.0:
+        raise NotImplementedError(f"gpt-oss: rope.scaling.attn_factor {float(attn_factor):g} is not supported")
+    scaling = args["rope_scaling"]
+    if scaling is not None and scaling["rope_type"] == "yarn":
+        # llama.cpp's YaRN: angles mixed between pos/period and pos/(factor period) by a ramp over the pairs
+        # between the correction dims of beta_fast and beta_slow, and q and k (so cos and sin) scaled by
+        # 1 + 0.1 ln(factor); mlx-lm's YarnRoPE with mscale 1 and mscale_all_dim 0 computes the same.
+        defaults = LLAMA_CPP_DEFAULTS[arch]
+        scaling.update(beta_fast=defaults["yarn_beta_fast"], beta_slow=defaults["yarn_beta_slow"],
+                       mscale=1.0, mscale_all_dim=0.0)
+    elif scaling is not None:
+        raise NotImplementedError(f"gpt-oss: rope scaling {scaling['rope_type']!r} is not supported (only yarn)")
+    if "output.weight" not in tensor_shapes:
+        raise ValueError("gpt-oss: the GGUF file lacks output.weight (llama.cpp requires it for gpt-oss)")
+    args.update(intermediate_size=int(get("expert_feed_forward_length")), head_dim=head_dim,
+                sliding_window=int(window),
+                layer_types=["sliding_attention" if s else "full_attention" for s in sliding])
+
+
 def model_config(metadata: Mapping[str, Any], tensor_shapes: Mapping[str, tuple]) -> GGUFModelConfig:
     """The config of a GGUF file from its metadata and tensor shapes (MLX order)."""
     meta = metadata
@@ -128,7 +192,9 @@ def model_config(metadata: Mapping[str, Any], tensor_shapes: Mapping[str, tuple]
     if "token_embd.weight" not in tensor_shapes:
         raise ValueError("the GGUF file has no token_embd.weight tensor")
     vocab = int(tensor_shapes["token_embd.weight"][0])
-    ffn = _scalar_per_layer(get("feed_forward_length"), f"{arch}.feed_forward_length")
+    # gpt-oss's feed-forward is experts only (expert_feed_forward_length); llama.cpp does not need this key.
+    ffn = _scalar_per_layer(get("feed_forward_length", 0 if arch == "gpt-oss" else None),
+                            f"{arch}.feed_forward_length")
     context = int(get("context_length", 4096, required=False))
     eps = get("attention.layer_norm_rms_epsilon", None, required=False)
     if eps is None:
@@ -196,6 +262,8 @@ def model_config(metadata: Mapping[str, Any], tensor_shapes: Mapping[str, tuple]
         args.pop("tie_word_embeddings")
         notes.append(f"local rope base {defaults['rope_local_base_freq']:g} and a sliding-window pattern of "
                      f"{defaults['sliding_window_pattern']} (llama.cpp's values for Gemma 3)")
+    elif arch == "gpt-oss":
+        _gpt_oss(args, get, meta, tensor_shapes, n_layers, head_dim, notes)
     return GGUFModelConfig(arch, args, traditional, head_dim, rope_dims,
                            float(softcap) if softcap else None, tied, notes)
 

@@ -7,6 +7,9 @@ ops: ops.attention has no GPU kernel, and neither op has a Metal kernel.
 
 - The feed-forward: each layer's `mlp` is replaced by a `GatedMLP` holding the same projection layers; a mixture of
   experts' `switch_mlp` by a `GGMLSwitchGLU` over its expert layers.
+- gpt-oss keeps mlx-lm's SwitchGLU (over GGMLSwitchLinear experts) for its clamped SwiGLU variant, and its
+  attention keeps MLX's: it passes attention sinks, which ops.attention does not take, so `_dispatching_attention`
+  hands every call with sinks to mlx-lm's function.
 - Attention: mlx-lm's attention modules call the `scaled_dot_product_attention` of their own module. That name is
   pointed at `_dispatching_attention`, which takes the package's kernel only while one of *our* models is being
   called (a thread-local flag set by `FusedOpsModel.__call__`) and otherwise is exactly mlx-lm's function, so
@@ -82,6 +85,8 @@ def use_fused_ops(model: nn.Module, architecture: str, mlx_lm_module: str) -> No
         if moe is not None and "switch_mlp" in moe:  # experts: one GGMLSwitchGLU (unsorted tokens, ops.glu)
             s = moe.switch_mlp
             moe.switch_mlp = GGMLSwitchGLU(s.gate_proj, s.up_proj, s.down_proj, GLU_KIND[architecture])
+        elif architecture == "gpt-oss":
+            pass  # mlx-lm's SwitchGLU with its SwigluOAI activation, which ops.glu does not compute
         else:
             layer.mlp = GatedMLP(layer.mlp, GLU_KIND[architecture])
         if type(getattr(layer.self_attn, "rope", None)) is nn.RoPE:  # not the subclasses with scalings of their own

@@ -46,7 +46,17 @@ _LAYER_TENSORS = {
     "block_sparse_moe.switch_mlp.down_proj": "ffn_down_exps",
 }
 # Gemma 3 normalizes the attention output before the residual: its post_attention_layernorm is that norm.
-_ARCH_LAYER_TENSORS = {"gemma3": {"post_attention_layernorm": "post_attention_norm"}}
+_ARCH_LAYER_TENSORS = {
+    "gemma3": {"post_attention_layernorm": "post_attention_norm"},
+    # gpt-oss: llama.cpp names the norm before the feed-forward post_attention_norm; the router and the experts
+    # (each with a bias) sit under mlx-lm's mlp.router and mlp.experts (its SwitchGLU).
+    "gpt-oss": {"post_attention_layernorm": "post_attention_norm", "mlp.router": "ffn_gate_inp",
+                "mlp.experts.gate_proj": "ffn_gate_exps", "mlp.experts.up_proj": "ffn_up_exps",
+                "mlp.experts.down_proj": "ffn_down_exps"},
+}
+# Float arrays that are parameters of a module rather than modules: layer attribute path -> GGUF name in block N.
+# gpt-oss's attention sinks: one logit per query head that joins the softmax's denominator.
+_LAYER_ARRAYS = {"self_attn.sinks": "attn_sinks.weight"}
 _TOP_TENSORS = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
 # Tensors read elsewhere (rope frequency factors) or that llama.cpp itself ignores.
 _READ_ELSEWHERE = ("rope_freqs.weight",)
@@ -67,13 +77,39 @@ def gguf_name(path: str, architecture: str) -> Optional[str]:
 
 def float_vector(tensor: GGMLTensor, what: str) -> mx.array:
     """A norm weight or bias as float32 (F32/F16/BF16 only: llama.cpp keeps them unquantized)."""
-    if not tensor.ggml_type.is_float:
-        raise ValueError(f"{what} is {tensor.ggml_type.name}; norm weights and biases must be F32, F16 or BF16")
     if len(tensor.shape) != 1:
         raise ValueError(f"{what} must be 1-D, got shape {tensor.shape}")
-    out = tensor.dequantize(mx.float32)
+    return float_array(tensor, tensor.shape, what)
+
+
+def float_array(tensor: GGMLTensor, shape: tuple, what: str) -> mx.array:
+    """A float tensor (F32/F16/BF16 only: llama.cpp keeps norms, biases and sinks unquantized) of exactly
+    `shape` as float32."""
+    if not tensor.ggml_type.is_float:
+        raise ValueError(f"{what} is {tensor.ggml_type.name}; norm weights, biases and sinks must be F32, F16 "
+                         "or BF16")
+    if tuple(tensor.shape) != tuple(shape):
+        raise ValueError(f"{what} has shape {tuple(tensor.shape)}, the model expects {tuple(shape)}")
+    out = tensor.dequantize(mx.float32).reshape(shape)
     mx.eval(out)
     return out
+
+
+def _attach_layer_arrays(model: nn.Module, tensors: Mapping[str, GGMLTensor], used: set) -> None:
+    """Sets each layer's float parameters named in _LAYER_ARRAYS that the model has (gpt-oss's sinks)."""
+    for i, layer in enumerate(getattr(model, "layers", [])):
+        for attr_path, name in _LAYER_ARRAYS.items():
+            owner_path, attr = attr_path.rsplit(".", 1)
+            owner = layer
+            for part in owner_path.split("."):
+                owner = owner.get(part) if isinstance(owner, dict) else None
+            if owner is None or attr not in owner:
+                continue
+            full = f"blk.{i}.{name}"
+            if full not in tensors:
+                raise ValueError(f"the GGUF file lacks {full} (for the model's layers.{i}.{attr_path})")
+            owner[attr] = float_array(tensors[full], tuple(owner[attr].shape), full)
+            used.add(full)
 
 
 def _norm(module: nn.Module, weight: mx.array, path: str) -> GGMLRMSNorm:
@@ -122,10 +158,17 @@ def attach_weights(model: nn.Module, tensors: Mapping[str, GGMLTensor], architec
             replacements.append((path, GGMLLinear(tensor, bias, precise_x=precise_head and name == "output")))
         elif type(module).__name__ == "SwitchLinear":  # mlx-lm's expert projections
             shape = (module.num_experts, module.output_dims, module.input_dims)
-            if tuple(tensor.shape) != shape or bias_name in tensors or "bias" in module:
+            if tuple(tensor.shape) != shape:
                 raise ValueError(f"{weight_name} has shape {tensor.shape}, the model's {path} (experts, out, in) = "
-                                 f"{shape} without a bias")
-            replacements.append((path, GGMLSwitchLinear(tensor)))
+                                 f"{shape}")
+            if ("bias" in module) != (bias_name in tensors):
+                raise ValueError(f"{path}: the model {'expects' if 'bias' in module else 'has no'} a bias, and "
+                                 f"the file {'lacks' if 'bias' in module else 'has'} {bias_name}")
+            bias = None
+            if bias_name in tensors:  # one bias row per expert (gpt-oss)
+                used.add(bias_name)
+                bias = float_array(tensors[bias_name], shape[:2], bias_name)
+            replacements.append((path, GGMLSwitchLinear(tensor, bias)))
         elif _is_norm(module):
             replacements.append((path, _norm(module, float_vector(tensor, weight_name), path)))
         else:
@@ -133,10 +176,11 @@ def attach_weights(model: nn.Module, tensors: Mapping[str, GGMLTensor], architec
         if progress is not None:
             progress(done, len(targets))
     model.update_modules(tree_unflatten(replacements))
+    _attach_layer_arrays(model, tensors, used)
     unused = sorted(set(tensors) - used)
     if unused:
         raise ValueError(f"{len(unused)} tensor(s) of the file have no place in the {architecture} model: "
                          f"{', '.join(unused[:8])}{' ...' if len(unused) > 8 else ''}")
 
 
-__all__ = ["gguf_name", "attach_weights", "float_vector"]
+__all__ = ["gguf_name", "attach_weights", "float_vector", "float_array"]
