@@ -155,8 +155,7 @@ struct HalfScalesOf<GGML_EXT_BLOCK_FORMAT(q5_k, 256)> {
   using type = K4HalfScales<GGML_EXT_BLOCK_FORMAT(q5_k, 256)>;
 };
 
-// 256-element formats whose chunk scales are small integers times one float per block (the K-quants; IQ4_XS too,
-// but with its scales unpacked one at a time it gained nothing: 160.7 / 162.2 us, 256x4096, one row of x, Zen 3):
+// 256-element formats whose chunk scales are small integers times one float per block (the K-quants and IQ4_XS):
 // the integers multiply the code pairs in the int16-to-int32 step (madd, which otherwise multiplies by 1), so a
 // half's float work is one conversion and one FMA with the activation scale, the block's float scale applied
 // once per block. Without VNNI only (VNNI's dpbusd has no int16 step).
@@ -217,6 +216,14 @@ template <>
 struct IntChunkScales<GGML_EXT_BLOCK_FORMAT(q3_k, 256)> : IntChunkScalesBase {
   inline __attribute__((always_inline)) void load_block(const block_q3_k* b) {
     set((vi8x16)(q3k_scale_bytes(b) - 32), GGML_EXT_HALF_TO_FLOAT(b->d));
+  }
+};
+// IQ4_XS: with its scales unpacked one at a time this gained nothing (160.7 / 162.2 us, 256x4096, one row of x,
+// Zen 3); with the byte-lane unpacking of iq4xs_scale_bytes it is measured in the commit that added both.
+template <>
+struct IntChunkScales<GGML_EXT_BLOCK_FORMAT(iq4_xs, 256)> : IntChunkScalesBase {
+  inline __attribute__((always_inline)) void load_block(const block_iq4_xs* b) {
+    set((vi8x16)(iq4xs_scale_bytes(b) - 32), GGML_EXT_HALF_TO_FLOAT(b->d));
   }
 };
 template <>
