@@ -31,7 +31,8 @@ enum {
 
 // The raw weight stage of a weight type: elements per stage and the threadgroup bytes per weight row (its
 // bytes of a stage plus up to 15 bytes of alignment pad, so a byte keeps its device address modulo 16 and
-// the copy runs in aligned 16-byte words, plus up to 128 bytes staged ahead for the next stage). launch_plans.h (plan_matmul) computes the same sizes.
+// the copy runs in aligned 16-byte words, plus up to 128 bytes staged ahead for the next stage).
+// launch_plans.h (prefill_threadgroup_bytes) computes the same sizes.
 template <typename D>
 struct PrefillShape {
   enum {
