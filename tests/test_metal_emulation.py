@@ -302,6 +302,11 @@ ROPE_CASES = {
                               n_ctx_orig=4096, factors=True, max_position=100000),
     "inverse-per-batch-positions": dict(shape=(3, 2, 2, 8), n_dims=8, mode="normal", inverse=True,
                                         positions_per_batch=True),
+    # 4-element vectors (RopeArgs::vec4) for "normal", "yarn-factors-long", "inverse-per-batch-positions" and
+    # this partial NORMAL rotation with its 8 copied dims; element by element for "neox-partial" (n_dims 12
+    # is not a multiple of 8) and, forced, "normal-partial-scalar".
+    "normal-partial": dict(shape=(1, 3, 3, 20), n_dims=12, mode="normal"),
+    "normal-partial-scalar": dict(shape=(1, 3, 3, 20), n_dims=12, mode="normal", vec4=0),
 }
 
 
@@ -335,7 +340,7 @@ def check_rope(metal, case, dtype, in_place=False):
                       batches_per_positions_row=batches // position_rows, batches_per_factors_row=batches,
                       neox=int(neox), has_factors=int(factors is not None), has_ramp=int(ramp is not None),
                       theta_scale=float(theta_scale), freq_scale=float(params["freq_scale"]), mscale=float(mscale),
-                      sin_sign=float(sin_sign))
+                      sin_sign=float(sin_sign), **({"vec4": c["vec4"]} if "vec4" in c else {}))
     buffers = {0: x, 2: positions, 3: factors if factors is not None else x,  # as csrc/backend/metal binds
                4: ramp if ramp is not None else x}
     if not in_place:
@@ -665,17 +670,27 @@ def test_prefill_traffic_long_rows(metal):
     assert f["bytes_per_weight_byte"] == 1.0 and f["coalesced_share"] == 1.0, f
 
 
-def test_rms_norm_and_rope_traffic(metal):
+def test_rms_norm_traffic(metal):
     x = np.random.default_rng(0).standard_normal((4, 1024)).astype(np.float32)
     plan = metal.plan("rms_norm", dtype="f32", rows=4, dim=1024, rows_per_weight=4, weighted=1, eps=1e-5)
     metal.dispatch_plan(plan, {0: x, 1: x[0], 2: np.zeros_like(x)}, args_index=3, traffic=True)
     emu.traffic_figures(plan["kernel"], "rows=4 dim=1024", metal.traffic, None, x.nbytes, ignore=(3,),
                         threadgroup_bytes=plan["threadgroup_bytes"])
-    x = np.random.default_rng(1).standard_normal((1, 4, 8, 128)).astype(np.float32)
-    plan = metal.plan("rope", dtype="f32", batches=1, tokens=4, heads=8, dim=128, n_dims=128,
-                      batches_per_positions_row=1, batches_per_factors_row=1, neox=1, has_factors=0, has_ramp=0,
+
+
+@pytest.mark.parametrize("neox", [1, 0])
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+def test_rope_traffic(metal, neox, dtype):
+    """4-element vectors: each line of x requested once, by adjacent aligned words (NORMAL's element-wise
+    loads of 2i and 2i+1 each spanned twice the lines their bytes need)."""
+    storage, to_storage, _ = DTYPES[dtype]
+    x = to_storage(np.random.default_rng(1).standard_normal((1, 4, 8, 128)))
+    plan = metal.plan("rope", dtype=dtype, batches=1, tokens=4, heads=8, dim=128, n_dims=128,
+                      batches_per_positions_row=1, batches_per_factors_row=1, neox=neox, has_factors=0, has_ramp=0,
                       theta_scale=0.9, freq_scale=1.0, mscale=1.0, sin_sign=1.0)
     metal.dispatch_plan(plan, {0: x, 1: np.zeros_like(x), 2: np.arange(4, dtype=np.int32), 3: x, 4: x},
                         args_index=5, traffic=True)
-    emu.traffic_figures(plan["kernel"], "tokens=4 heads=8 dim=128 neox", metal.traffic, None, x.nbytes,
-                        ignore=(5,), threadgroup_bytes=plan["threadgroup_bytes"])
+    f = emu.traffic_figures(plan["kernel"], f"tokens=4 heads=8 dim=128 {'neox' if neox else 'normal'}",
+                            metal.traffic, None, x.nbytes, ignore=(5,), threadgroup_bytes=plan["threadgroup_bytes"])
+    assert f["bytes_per_weight_byte"] == 1.0 and f["coalesced_share"] == 1.0, f
+

@@ -36,6 +36,13 @@ inline Plan<RmsNormArgs> plan_rms_norm(const std::string& dtype, uint32_t rows, 
   return {"rms_norm_" + dtype, args, {{rows, 1, 1}, threads, 32 * sizeof(float)}};
 }
 
+// Whether rope's rows allow 4-element vectors (RopeArgs::vec4, with x and y on 4-element boundaries): rows of
+// a multiple of 4 elements; NORMAL: a vector holds 2 pairs (n_dims a multiple of 4); NEOX: a vector of each
+// half holds 4 pairs (n_dims a multiple of 8).
+inline bool rope_vec4_shape(uint32_t dim, uint32_t n_dims, bool neox) {
+  return dim % 4 == 0 && n_dims % (neox ? 8 : 4) == 0;
+}
+
 // One threadgroup per (token, batch), holding the cos and sin of the token's n_dims/2 pairs.
 inline Plan<RopeArgs> plan_rope(const std::string& dtype, uint32_t batches, const RopeArgs& args) {
   const uint32_t pairs = args.n_dims / 2;
