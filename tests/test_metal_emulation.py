@@ -302,6 +302,11 @@ ROPE_CASES = {
                               n_ctx_orig=4096, factors=True, max_position=100000),
     "inverse-per-batch-positions": dict(shape=(3, 2, 2, 8), n_dims=8, mode="normal", inverse=True,
                                         positions_per_batch=True),
+    # 4-element vectors (RopeArgs::vec4) for "normal", "yarn-factors-long", "inverse-per-batch-positions" and
+    # this partial NORMAL rotation with its 8 copied dims; element by element for "neox-partial" (n_dims 12
+    # is not a multiple of 8) and, forced, "normal-partial-scalar".
+    "normal-partial": dict(shape=(1, 3, 3, 20), n_dims=12, mode="normal"),
+    "normal-partial-scalar": dict(shape=(1, 3, 3, 20), n_dims=12, mode="normal", vec4=0),
 }
 
 
@@ -335,7 +340,7 @@ def check_rope(metal, case, dtype, in_place=False):
                       batches_per_positions_row=batches // position_rows, batches_per_factors_row=batches,
                       neox=int(neox), has_factors=int(factors is not None), has_ramp=int(ramp is not None),
                       theta_scale=float(theta_scale), freq_scale=float(params["freq_scale"]), mscale=float(mscale),
-                      sin_sign=float(sin_sign))
+                      sin_sign=float(sin_sign), **({"vec4": c["vec4"]} if "vec4" in c else {}))
     buffers = {0: x, 2: positions, 3: factors if factors is not None else x,  # as csrc/backend/metal binds
                4: ramp if ramp is not None else x}
     if not in_place:
@@ -479,6 +484,16 @@ def test_prefill_weight_matrix_off_16_byte_boundary(metal):
     assert_close(got, expected, MATMUL_TOL["f32"], "qmm MXFP4, second matrix at byte 9 * 289")
 
 
+# qmm_t stages from the start of a share's first 128-byte line: a second matrix that starts mid-line (and off a
+# 16-byte boundary) has words before its first byte (skipped) and a first word copied byte by byte. K = 544:
+# each row's shares under the tiles (3 tiles, the last of 32 columns); K = 256: whole rows, one range per step.
+@pytest.mark.parametrize("K", [544, 256])
+def test_transposed_weight_matrix_off_16_byte_boundary(metal, K):
+    got, expected = run_matmul(metal, "qmm_t", "MXFP4", "f32", "f32", M=9, N=9, K=K, B2=2, A2=2, transposed=True,
+                               seed=K)
+    assert_close(got, expected, MATMUL_TOL["f32"], f"qmm_t MXFP4 K={K}, second matrix at byte 9 * {K // 32 * 17}")
+
+
 # ---------------------------------------------------------------------------------------------------
 # mul_mat_id (mul_mat_id.metal): each (token, slot) pair through the expert its id chooses
 # ---------------------------------------------------------------------------------------------------
@@ -609,17 +624,43 @@ def test_decode_traffic(metal, type_name, M):
 
 
 @pytest.mark.parametrize("type_name", ["Q4_0", "Q4_K", "Q6_K"])
-@pytest.mark.parametrize("kernel,transposed", [("qmm", False), ("qmm_t", True)])
-def test_prefill_traffic(metal, kernel, transposed, type_name):
+def test_prefill_traffic(metal, type_name):
     """The prefill stages weight rows as aligned 16-byte words (one row tile of x: each row requested once,
-    in whole lines: 144-byte rows touch 2 lines, 1.78); x by 4-element vectors. The transposed product
-    stages, per 32 output columns, the blocks holding them: a 256-element block is requested 8 times."""
-    f = matmul_traffic(metal, kernel, type_name, 64, N=64, K=256, transposed=transposed)
+    in whole lines: 144-byte rows touch 2 lines, 1.78); x by 4-element vectors."""
+    f = matmul_traffic(metal, "qmm", type_name, 64, N=64, K=256)
     assert f["misaligned_loads"] == 0 and f["narrow_loads"] == 0, f
-    if not transposed:
-        assert f["bytes_per_weight_byte"] <= 1.8 and f["coalesced_share"] >= 0.88, f
+    assert f["bytes_per_weight_byte"] <= 1.8 and f["coalesced_share"] >= 0.88, f
+
+
+def lines_once_figure(ranges, total):
+    """Bytes per weight byte if each byte range (offset, length) is requested once, in whole 128-byte lines."""
+    lines = sum((b + n + 127) // 128 - b // 128 for b, n in ranges)
+    return lines * 128 / total
+
+
+# x's gradient (qmm_t): 256 output columns per threadgroup, so each weight byte is staged once per row tile
+# of x (a 32-column tile staged a 256-element block 8 times: Q4_0 8.0, Q8_0 4.7, Q4_K 14.2, Q6_K 12.8,
+# F16 2.0 bytes per weight byte). K = 256: the tile covers whole rows and a step's rows are one range of
+# lines (1.0; Q2_K 1.048 and Q6_K 1.029: steps of 16 rows that end mid-line). K = 1024: each row's share
+# under a tile is staged on its own, requested once in whole lines: a share and its neighbour in the next
+# tile both request the line they share (no cache in the model): Q4_0's 144-byte shares 1.78, Q2_K's 84 2.48.
+TRANSPOSED_TRAFFIC_CASES = (
+    [(t, 64, 256) for t in ["Q4_0", "Q8_0", "Q2_K", "Q4_K", "Q6_K", "IQ4_XS", "MXFP4", "F16", "F32"]]
+    + [(t, 256, 1024) for t in ["Q4_0", "Q8_0", "Q2_K", "Q6_K", "F16"]])
+
+
+@pytest.mark.parametrize("type_name,N,K", TRANSPOSED_TRAFFIC_CASES)
+def test_prefill_traffic_transposed(metal, type_name, N, K):
+    f = matmul_traffic(metal, "qmm_t", type_name, 64, N=N, K=K, transposed=True)
+    assert f["misaligned_loads"] == 0 and f["narrow_loads"] == 0, f
+    assert f["coalesced_share"] == 1.0 and f["threadgroup_bytes"] <= 32 * 1024, f
+    if K == 256:
+        assert f["bytes_per_weight_byte"] <= 1.05, f
     else:
-        assert f["bytes_per_weight_byte"] <= 14.3 and f["coalesced_share"] >= 0.68, f
+        w, _ = random_weight(np.random.default_rng(0), type_name, 1, K)
+        row_bytes, share = w.shape[1], w.shape[1] * 256 // K
+        shares = [(n * row_bytes + t * share, share) for n in range(N) for t in range(K // 256)]
+        assert f["bytes_per_weight_byte"] <= lines_once_figure(shares, N * row_bytes) + 1e-3, f
 
 
 def test_prefill_traffic_long_rows(metal):
@@ -629,17 +670,27 @@ def test_prefill_traffic_long_rows(metal):
     assert f["bytes_per_weight_byte"] == 1.0 and f["coalesced_share"] == 1.0, f
 
 
-def test_rms_norm_and_rope_traffic(metal):
+def test_rms_norm_traffic(metal):
     x = np.random.default_rng(0).standard_normal((4, 1024)).astype(np.float32)
     plan = metal.plan("rms_norm", dtype="f32", rows=4, dim=1024, rows_per_weight=4, weighted=1, eps=1e-5)
     metal.dispatch_plan(plan, {0: x, 1: x[0], 2: np.zeros_like(x)}, args_index=3, traffic=True)
     emu.traffic_figures(plan["kernel"], "rows=4 dim=1024", metal.traffic, None, x.nbytes, ignore=(3,),
                         threadgroup_bytes=plan["threadgroup_bytes"])
-    x = np.random.default_rng(1).standard_normal((1, 4, 8, 128)).astype(np.float32)
-    plan = metal.plan("rope", dtype="f32", batches=1, tokens=4, heads=8, dim=128, n_dims=128,
-                      batches_per_positions_row=1, batches_per_factors_row=1, neox=1, has_factors=0, has_ramp=0,
+
+
+@pytest.mark.parametrize("neox", [1, 0])
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+def test_rope_traffic(metal, neox, dtype):
+    """4-element vectors: each line of x requested once, by adjacent aligned words (NORMAL's element-wise
+    loads of 2i and 2i+1 each spanned twice the lines their bytes need)."""
+    storage, to_storage, _ = DTYPES[dtype]
+    x = to_storage(np.random.default_rng(1).standard_normal((1, 4, 8, 128)))
+    plan = metal.plan("rope", dtype=dtype, batches=1, tokens=4, heads=8, dim=128, n_dims=128,
+                      batches_per_positions_row=1, batches_per_factors_row=1, neox=neox, has_factors=0, has_ramp=0,
                       theta_scale=0.9, freq_scale=1.0, mscale=1.0, sin_sign=1.0)
     metal.dispatch_plan(plan, {0: x, 1: np.zeros_like(x), 2: np.arange(4, dtype=np.int32), 3: x, 4: x},
                         args_index=5, traffic=True)
-    emu.traffic_figures(plan["kernel"], "tokens=4 heads=8 dim=128 neox", metal.traffic, None, x.nbytes,
-                        ignore=(5,), threadgroup_bytes=plan["threadgroup_bytes"])
+    f = emu.traffic_figures(plan["kernel"], f"tokens=4 heads=8 dim=128 {'neox' if neox else 'normal'}",
+                            metal.traffic, None, x.nbytes, ignore=(5,), threadgroup_bytes=plan["threadgroup_bytes"])
+    assert f["bytes_per_weight_byte"] == 1.0 and f["coalesced_share"] == 1.0, f
+

@@ -19,13 +19,15 @@ struct RmsNormArgs {
 };
 
 // x (batches, tokens, heads, dim); the angle constants as in kernels/cpu/rope.h (RopeAngles), computed on
-// the host for every backend; ramp: the YaRN mix per pair when has_ramp.
+// the host for every backend; ramp: the YaRN mix per pair when has_ramp. vec4: 4-element loads and stores
+// (launch_plans.h, rope_vec4_shape, and x and y starting on 4-element boundaries, which the host knows).
 struct RopeArgs {
   uint32_t tokens, heads, dim, n_dims;
   uint32_t batches_per_positions_row;
   uint32_t batches_per_factors_row;
   uint32_t neox, has_factors, has_ramp;
   float theta_scale, freq_scale, mscale, sin_sign;
+  uint32_t vec4;
 };
 
 // `units` runs of 16 output elements (quantized types) or single elements (float types).

@@ -6,12 +6,64 @@
 // One threadgroup per (token, batch): its threads first compute the cos/sin table of the token's
 // n_dims/2 pairs into threadgroup memory (pair i: the iterated product pos * theta_scale^i, i float
 // multiplications as ggml does, not a pow), then rotate every head with it and copy dims n_dims.. dim.
+// With args.vec4 (the host's word: rows of a multiple of 4, n_dims of 4 (NORMAL) or 8 (NEOX), x and y on
+// 4-element boundaries) a thread takes 4-element vectors (float4, half4, ushort4 for bfloat16), adjacent
+// threads adjacent vectors: NORMAL, one vector of 2 pairs; NEOX, a vector from each half, 4 pairs. Each
+// element is computed as in the element-wise path (the same statements, the same roundings).
 #define GGML_EXT_ROPE_PARAMS(T)                                                                        \
   device const T *x [[buffer(0)]], device T *y [[buffer(1)]], device const int *positions [[buffer(2)]], \
       device const float *freq_factors [[buffer(3)]], device const float *ramp [[buffer(4)]],             \
       constant RopeArgs &args [[buffer(5)]], threadgroup float *table [[threadgroup(0)]],                  \
       uint2 group [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],              \
       uint threads [[threads_per_threadgroup]]
+
+// One pair rotated: (x0, x1) -> (x0 c - x1 s, x0 s + x1 c).
+inline float2 rotated(float x0, float x1, float c, float s) {
+  float2 r;
+  r.x = x0 * c - x1 * s;
+  r.y = x0 * s + x1 * c;
+  return r;
+}
+
+// The heads of one token by 4-element vectors (args.vec4), then the copied dims n_dims.. dim.
+template <typename T>
+inline void rope_vec4(device const T* x, device T* y, constant RopeArgs& args, threadgroup const float* cos_table,
+                      threadgroup const float* sin_table, size_t token_base, uint tid, uint threads) {
+  typedef typename Vec4<T>::type V;
+  const uint pairs = args.n_dims / 2;
+  const uint per_head = args.neox ? pairs / 4 : pairs / 2;  // vectors (NEOX: vector pairs) per head
+  for (uint e = tid; e < args.heads * per_head; e += threads) {
+    const uint head = e / per_head, j = e % per_head;
+    const size_t row = token_base + size_t(head) * args.dim;
+    if (args.neox) {  // elements 4j.. 4j+3 of each half: pairs 4j.. 4j+3
+      device const V* lo = (device const V*)(x + row + 4 * j);
+      device const V* hi = (device const V*)(x + row + pairs + 4 * j);
+      V a = *lo, b = *hi;
+      for (int q = 0; q < 4; ++q) {
+        const float2 r = rotated(FloatIO<T>::load(a[q]), FloatIO<T>::load(b[q]), cos_table[4 * j + q],
+                                 sin_table[4 * j + q]);
+        a[q] = FloatIO<T>::store(r.x);
+        b[q] = FloatIO<T>::store(r.y);
+      }
+      *(device V*)(y + row + 4 * j) = a;
+      *(device V*)(y + row + pairs + 4 * j) = b;
+    } else {  // elements 4j.. 4j+3: pairs 2j and 2j + 1
+      V a = *(device const V*)(x + row + 4 * j);
+      for (int q = 0; q < 2; ++q) {
+        const float2 r = rotated(FloatIO<T>::load(a[2 * q]), FloatIO<T>::load(a[2 * q + 1]), cos_table[2 * j + q],
+                                 sin_table[2 * j + q]);
+        a[2 * q] = FloatIO<T>::store(r.x);
+        a[2 * q + 1] = FloatIO<T>::store(r.y);
+      }
+      *(device V*)(y + row + 4 * j) = a;
+    }
+  }
+  const uint rest = (args.dim - args.n_dims) / 4;  // vectors per head
+  for (uint e = tid; e < args.heads * rest; e += threads) {
+    const size_t at = token_base + size_t(e / rest) * args.dim + args.n_dims + 4 * (e % rest);
+    *(device V*)(y + at) = *(device const V*)(x + at);
+  }
+}
 
 template <typename T>
 [[kernel]] void rope(GGML_EXT_ROPE_PARAMS(T)) {
@@ -40,16 +92,19 @@ template <typename T>
   threadgroup_barrier(mem_flags::mem_threadgroup);
 
   const size_t token_base = (size_t(batch) * args.tokens + token) * args.heads * args.dim;
+  if (args.vec4) {
+    rope_vec4(x, y, args, cos_table, sin_table, token_base, tid, threads);
+    return;
+  }
   for (uint e = tid; e < args.heads * pairs; e += threads) {
     const uint head = e / pairs, i = e % pairs;
     const size_t row = token_base + size_t(head) * args.dim;
     // NORMAL rotates (2i, 2i+1), NEOX (i, i + n_dims/2).
     const size_t i0 = row + (args.neox ? i : 2 * i);
     const size_t i1 = row + (args.neox ? i + pairs : 2 * i + 1);
-    const float x0 = FloatIO<T>::load(x[i0]), x1 = FloatIO<T>::load(x[i1]);
-    const float c = cos_table[i], s = sin_table[i];
-    y[i0] = FloatIO<T>::store(x0 * c - x1 * s);
-    y[i1] = FloatIO<T>::store(x0 * s + x1 * c);
+    const float2 r = rotated(FloatIO<T>::load(x[i0]), FloatIO<T>::load(x[i1]), cos_table[i], sin_table[i]);
+    y[i0] = FloatIO<T>::store(r.x);
+    y[i1] = FloatIO<T>::store(r.y);
   }
   const uint rest = args.dim - args.n_dims;
   for (uint e = tid; e < args.heads * rest; e += threads) {

@@ -57,7 +57,9 @@ int main(int argc, char** argv) {
                     RopeArgs{u32(f, "tokens"), u32(f, "heads"), u32(f, "dim"), u32(f, "n_dims"),
                              u32(f, "batches_per_positions_row"), u32(f, "batches_per_factors_row"), u32(f, "neox"),
                              u32(f, "has_factors"), u32(f, "has_ramp"), f32(f, "theta_scale"), f32(f, "freq_scale"),
-                             f32(f, "mscale"), f32(f, "sin_sign")}));
+                             f32(f, "mscale"), f32(f, "sin_sign"),
+                             // the emulator's buffers start 128-byte aligned
+                             u32_or(f, "vec4", rope_vec4_shape(u32(f, "dim"), u32(f, "n_dims"), u32(f, "neox") != 0))}));
   } else if (op == "dequantize") {
     print(plan_dequantize(field(f, "type"), u32(f, "block_size"), field(f, "dtype"),
                           std::stoull(field(f, "n_blocks"))));

@@ -36,6 +36,13 @@ inline Plan<RmsNormArgs> plan_rms_norm(const std::string& dtype, uint32_t rows, 
   return {"rms_norm_" + dtype, args, {{rows, 1, 1}, threads, 32 * sizeof(float)}};
 }
 
+// Whether rope's rows allow 4-element vectors (RopeArgs::vec4, with x and y on 4-element boundaries): rows of
+// a multiple of 4 elements; NORMAL: a vector holds 2 pairs (n_dims a multiple of 4); NEOX: a vector of each
+// half holds 4 pairs (n_dims a multiple of 8).
+inline bool rope_vec4_shape(uint32_t dim, uint32_t n_dims, bool neox) {
+  return dim % 4 == 0 && n_dims % (neox ? 8 : 4) == 0;
+}
+
 // One threadgroup per (token, batch), holding the cos and sin of the token's n_dims/2 pairs.
 inline Plan<RopeArgs> plan_rope(const std::string& dtype, uint32_t batches, const RopeArgs& args) {
   const uint32_t pairs = args.n_dims / 2;
@@ -73,25 +80,41 @@ inline uint32_t line_offset(const void* p) { return static_cast<uint32_t>(reinte
 // Up to kDecodeMaxRows rows of x: qmv_x1 (M = 1), qmv_x4 (2-4), qmv_x8 (5-8), decode.metal: threadgroups
 // of 4 simdgroups, each owning `rows` weight rows (4; 2 for float16/bfloat16 weights, 1 for float32), the
 // x rows and the weight rows' bytes of a 512-element step staged in threadgroup memory. Otherwise
-// (prefill, and the transposed product for any M) 64 x 32 output tiles, quantized_matmul.metal (qmm,
-// qmm_t): the x tile (64 x 32 floats), the decoded weight tile (32 x 32 floats) and the raw bytes of 32
-// weight rows for a stage of 256 elements (quantized types) or 64 (float types), each row's share padded
-// by up to 15 bytes to keep its device address modulo 16 and followed by up to 128 bytes staged ahead (quantized_matmul.metal's PrefillShape).
+// (prefill) 64 x 32 output tiles, quantized_matmul.metal (qmm): the x tile (64 x 32 floats), the decoded
+// weight tile (32 x 32 floats) and the raw bytes of 32 weight rows for a stage of 256 elements (quantized
+// types) or 64 (float types), each row's share padded by up to 15 bytes to keep its device address modulo
+// 16 and followed by up to 128 bytes staged ahead (quantized_matmul.metal's PrefillShape). The transposed
+// product, any M: 64 x 256 output tiles of 512 threads (qmm_t): the x tile (64 x 32 floats), the decoded
+// tile (`rows` x 256 floats) and a slot per row for its bytes under the tile from their first 128-byte
+// line (quantized_matmul.metal's TransposedShape; 16 rows, 8 when a slot exceeds 512 bytes).
 constexpr uint32_t kDecodeMaxRows = 8;
 constexpr uint32_t kDecodeStep = 512;
 constexpr uint32_t kPrefillTileM = 64, kPrefillTileN = 32, kPrefillTileK = 32;
 constexpr uint32_t kPrefillQuantStage = 256, kPrefillFloatStage = 64;
+constexpr uint32_t kTransposedTileM = 64, kTransposedTileCols = 256, kTransposedStageN = 32;
+constexpr uint32_t kTransposedThreads = 512, kTransposedSlotMax = 512;
 inline uint32_t prefill_threadgroup_bytes(const BlockShape& b) {
   const uint32_t stage = b.elements > 1 ? kPrefillQuantStage : kPrefillFloatStage;
   const uint32_t span = b.elements ? stage / b.elements * b.bytes : 0;
   const uint32_t row_stage = (span + 15 + 15) / 16 * 16 + 128;
   return (kPrefillTileM + kPrefillTileN) * kPrefillTileK * sizeof(float) + kPrefillTileN * row_stage;
 }
+inline uint32_t transposed_threadgroup_bytes(const BlockShape& b) {
+  const uint32_t span = b.elements ? kTransposedTileCols / b.elements * b.bytes : 0;
+  const uint32_t slot = (span + 127 + 15) / 16 * 16;
+  const uint32_t rows = slot <= kTransposedSlotMax ? 16 : 8;
+  return (kTransposedTileM * kTransposedStageN + rows * kTransposedTileCols) * sizeof(float) + rows * slot;
+}
 inline Plan<MatmulArgs> plan_matmul(const std::string& type_name, const std::string& x_dtype, bool transposed,
                                     uint32_t batches, const MatmulArgs& args) {
   const std::string suffix = type_name + "_" + x_dtype;
   const BlockShape b = block_shape(type_name);
-  if (!transposed && args.M <= kDecodeMaxRows) {
+  if (transposed) {
+    return {"qmm_t_" + suffix, args,
+            {{ceil_div_u32(args.K, kTransposedTileCols), ceil_div_u32(args.M, kTransposedTileM), batches},
+             kTransposedThreads, transposed_threadgroup_bytes(b)}};
+  }
+  if (args.M <= kDecodeMaxRows) {
     const uint32_t x_rows = args.M == 1 ? 1 : args.M <= 4 ? 4 : 8;
     const uint32_t rows = b.elements > 1 ? 4 : b.bytes == 4 ? 1 : 2;
     const uint32_t span = b.elements ? kDecodeStep / b.elements * b.bytes : 0;
@@ -100,9 +123,8 @@ inline Plan<MatmulArgs> plan_matmul(const std::string& type_name, const std::str
     return {"qmv_x" + std::to_string(x_rows) + "_" + suffix, args,
             {{ceil_div_u32(args.N, 4 * rows), ceil_div_u32(args.M, x_rows), batches}, 128, round_up_16(stage)}};
   }
-  const uint32_t out_cols = transposed ? args.K : args.N;
-  return {(transposed ? "qmm_t_" : "qmm_") + suffix, args,
-          {{ceil_div_u32(out_cols, kPrefillTileN), ceil_div_u32(args.M, kPrefillTileM), batches}, 128,
+  return {"qmm_" + suffix, args,
+          {{ceil_div_u32(args.N, kPrefillTileN), ceil_div_u32(args.M, kPrefillTileM), batches}, 128,
            prefill_threadgroup_bytes(b)}};
 }
 

@@ -17,6 +17,13 @@ namespace mlx_ggml_ext {
 
 namespace gm = ggml_ext_metal;
 
+namespace {
+// Whether an array's data starts on a 4-element boundary (the kernels' 4-element vectors).
+bool aligned4(const mx::array& a) {
+  return reinterpret_cast<uintptr_t>(a.data<uint8_t>()) % (4 * a.itemsize()) == 0;
+}
+}  // namespace
+
 void RMSNorm::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
   constexpr const char* op = "rms_norm";
   const auto& x = inputs[0];  // row-contiguous: the op inserted the copies
@@ -26,9 +33,6 @@ void RMSNorm::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
   const int64_t dim = x.shape(-1), rows = x.size() / dim;
   const int64_t groups = weighted ? inputs[1].size() / dim : 1;
   // 4-element loads where every row starts on a 4-element boundary.
-  const auto aligned4 = [&](const mx::array& a) {
-    return reinterpret_cast<uintptr_t>(a.data<uint8_t>()) % (4 * a.itemsize()) == 0;
-  };
   const bool vec4 = dim % 4 == 0 && aligned4(x) && aligned4(out) && (!weighted || aligned4(inputs[1]));
   const gm::RmsNormArgs args{checked_u32(dim, op, "row length"), checked_u32(rows / groups, op, "rows"),
                              weighted ? 1u : 0u, eps_, vec4 ? 1u : 0u};
@@ -55,6 +59,10 @@ void RoPE::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
   }
   const auto angles = rope_angles(params_, inverse_);
   const auto ramp = rope_ramp(params_);
+  // 4-element vectors where the rows and both arrays allow them.
+  const bool vec4 = gm::rope_vec4_shape(static_cast<uint32_t>(e.dim), static_cast<uint32_t>(params_.n_dims),
+                                        params_.mode == RopeMode::neox) &&
+                    aligned4(x) && aligned4(out);
   const gm::RopeArgs args{checked_u32(e.tokens, op, "tokens"),
                           checked_u32(e.heads, op, "heads"),
                           checked_u32(e.dim, op, "head dim"),
@@ -67,7 +75,8 @@ void RoPE::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
                           angles.theta_scale,
                           angles.freq_scale,
                           angles.mscale,
-                          angles.sin_sign};
+                          angles.sin_sign,
+                          vec4 ? 1u : 0u};
   const auto plan = gm::plan_rope(metal_dtype_suffix(out.dtype()), checked_u32(e.batches, op, "batches"), args);
   MetalKernel kernel(stream(), plan.kernel);
   kernel.input(x, 0).output(out, 1).input(positions, 2).input(has_factors ? inputs[2] : x, 3);
