@@ -56,9 +56,9 @@ struct GatheredX {
   const uint8_t* codes;
   const XRecord* records;
   int64_t k;
-  int64_t row[MB];
+  int32_t row[MB];  // of x's t * x_slots rows (32-bit: fewer registers)
   __device__ __forceinline__ decode::XBlock get(int i, int64_t xb) const {
-    return load_x(codes + row[i] * k, records + row[i] * (k / 32), xb);
+    return load_x(codes + int64_t{row[i]} * k, records + int64_t{row[i]} * (k / 32), xb);
   }
 };
 
@@ -81,11 +81,11 @@ __global__ void __launch_bounds__(kDotWarps * 32) grouped_dot_kernel(MulMatIdArg
   for (int64_t c = first; c < last; c += MB) {
     view.m = last - c < MB ? last - c : MB;
     GatheredX<MB> x{x_codes(xq, 0), x_records(xq, 0), a.k, {}};
-    int64_t pair[MB];
+    int32_t pair[MB];
 #pragma unroll
     for (int i = 0; i < MB; ++i) {
       pair[i] = g.sorted[i < view.m ? c + i : c];
-      x.row[i] = x_row_of_pair(a, pair[i]);
+      x.row[i] = static_cast<int32_t>(x_row_of_pair(a, pair[i]));
     }
     WarpDot<F, MB, R, GatheredX<MB>> dot(view, n0, x);
 #pragma unroll kUnroll
@@ -96,7 +96,8 @@ __global__ void __launch_bounds__(kDotWarps * 32) grouped_dot_kernel(MulMatIdArg
       for (int i = 0; i < MB; ++i) {
         if (i < view.m) {
           const float sum = warp_sum(dot.acc[r][i]);
-          if (lane == (r * MB + i) % 32 && n0 + r < a.n) static_cast<T*>(a.y)[pair[i] * a.n + n0 + r] = from_float<T>(sum);
+          if (lane == (r * MB + i) % 32 && n0 + r < a.n)
+            static_cast<T*>(a.y)[int64_t{pair[i]} * a.n + n0 + r] = from_float<T>(sum);
         }
       }
   }
@@ -116,7 +117,7 @@ __global__ void __launch_bounds__(kFloatWarps * 32) grouped_float_kernel(MulMatI
   const int64_t first = g.offsets[e], last = g.offsets[e + 1], chunks = (a.k + 15) / 16;
   for (int64_t c = first; c < last; c += kFloatChunk) {
     const int m = static_cast<int>(last - c < kFloatChunk ? last - c : kFloatChunk);
-    int64_t pair[kFloatChunk];
+    int32_t pair[kFloatChunk];
     const T* xs[kFloatChunk];
     float acc[kFloatChunk] = {};
 #pragma unroll
@@ -141,7 +142,7 @@ __global__ void __launch_bounds__(kFloatWarps * 32) grouped_float_kernel(MulMatI
     for (int i = 0; i < kFloatChunk; ++i) {
       if (i < m) {
         const float sum = warp_sum(acc[i]);
-        if (lane == i) static_cast<T*>(a.y)[pair[i] * a.n + n] = from_float<T>(sum);
+        if (lane == i) static_cast<T*>(a.y)[int64_t{pair[i]} * a.n + n] = from_float<T>(sum);
       }
     }
   }
@@ -216,7 +217,8 @@ MulMatIdPlan mul_mat_id_plan_typed(const MulMatIdArgs& a, int type, bool transpo
     const int64_t pairs = pair_count(a);
     with_weights(type, [&](auto weights) {
       p.steps[0].kernel = reinterpret_cast<const void*>(&mul_mat_id_transposed<decltype(weights), T>);
-      p.steps[0].grid = dim3(ceil_div((a.k + 15) / 16, kThreads), static_cast<unsigned>(pairs < kMaxGridY ? pairs : kMaxGridY));
+      p.steps[0].grid =
+          dim3(ceil_div((a.k + 15) / 16, kThreads), static_cast<unsigned>(pairs < kMaxGridY ? pairs : kMaxGridY));
       p.steps[0].block = dim3(kThreads);
       return 0;
     });

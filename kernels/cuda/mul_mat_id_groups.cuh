@@ -34,7 +34,9 @@ struct PairGroups {
 
 __device__ __forceinline__ bool valid_expert(int32_t id, int64_t e) { return id >= 0 && id < e; }
 // A pair's bucket: its expert, or e for an id outside [0, e).
-__device__ __forceinline__ int bucket_of(int32_t id, int64_t e) { return valid_expert(id, e) ? id : static_cast<int>(e); }
+__device__ __forceinline__ int bucket_of(int32_t id, int64_t e) {
+  return valid_expert(id, e) ? id : static_cast<int>(e);
+}
 
 // Step 0, one block of kGroupThreads: a counting sort of the pairs by bucket, stable and without atomics. The pairs
 // are taken kGroupThreads at a time: each thread ranks its pair among the chunk's earlier pairs of the same bucket

@@ -23,10 +23,12 @@ void MulMatId::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
                                     alignment, " bytes; these are at byte offset ", w.offset(),
                                     " of their buffer (copy them first)."));
   }
-  // The grouped kernels take the experts (and one bucket of bad ids) in grid.y, at most 65535.
-  if (w.shape(0) >= 65535) {
-    throw std::invalid_argument(cat("[mul_mat_id] the CUDA kernels take at most 65534 experts, got ", w.shape(0),
-                                    "; split the experts."));
+  // The grouped kernels take the experts (and one bucket of bad ids) in grid.y, at most 65535, and index the
+  // (token, slot) pairs in 32 bits.
+  if (w.shape(0) >= 65535 || ids.size() > INT32_MAX) {
+    throw std::invalid_argument(cat("[mul_mat_id] the CUDA kernels take at most 65534 experts and 2^31 - 1 (token, "
+                                    "slot) pairs, got ", w.shape(0), " experts and ", ids.size(),
+                                    " pairs; split the call."));
   }
   const int64_t row_bytes = w.shape(2);
   ggml_ext::cuda::MulMatIdArgs args{mx::gpu_ptr<void>(x),
