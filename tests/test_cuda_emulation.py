@@ -682,31 +682,36 @@ def test_mul_mat_id(kernels, t, x_type, transpose, x_slots):
     assert_mul_mat_id(got, exact, theirs, t, x_type, k, transpose, x_slots)
 
 
-def skewed_ids(case: str, E: int) -> np.ndarray:
-    """Routings that exercise the grouping: one expert for every pair (21 pairs: three chunks of 8, the last
-    partial), 300 pairs (past the grouping kernel's chunk of 256) of which most go to expert 0, a few experts never
-    chosen, ids repeated within a token and bad ones; two pairs (the 2-pair kernel) on one expert."""
+def skewed_ids(case: str):
+    """(ids, E): routings that exercise the grouping: one expert for every pair (21 pairs: three chunks of 8, the
+    last partial), 300 pairs (past the grouping kernel's chunk of 256) of which most go to expert 0, a few experts
+    never chosen, ids repeated within a token and bad ones; two pairs (the 2-pair kernel) on one expert; 600 experts
+    (the grouping's scan of more buckets than threads), most unused."""
     rng = np.random.default_rng(7)
     if case == "one_expert":
         ids = np.full((7, 3), 2, np.int32)
-        ids[4, 2] = E + 3
-        return ids
+        ids[4, 2] = 9
+        return ids, 6
     if case == "300_pairs":
-        ids = np.where(rng.random((100, 3)) < 0.8, 0, rng.integers(3, E, (100, 3))).astype(np.int32)
-        ids[[5, 50, 99], [0, 1, 2]] = [-2, E, -1]
-        return ids
-    return np.full((2, 1), E - 1, np.int32)
+        ids = np.where(rng.random((100, 3)) < 0.8, 0, rng.integers(3, 6, (100, 3))).astype(np.int32)
+        ids[[5, 50, 99], [0, 1, 2]] = [-2, 6, -1]
+        return ids, 6
+    if case == "600_experts":
+        ids = rng.integers(0, 600, (5, 4)).astype(np.int32)
+        ids[0, 0], ids[4, 3] = 599, 600
+        return ids, 600
+    return np.full((2, 1), 5, np.int32), 6
 
 
 @pytest.mark.parametrize("t", [GGMLType.Q4_0, GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0, GGMLType.IQ4_XS,
                                GGMLType.F16], ids=lambda t: t.name)
-@pytest.mark.parametrize("case", ["one_expert", "300_pairs", "two_pairs"])
+@pytest.mark.parametrize("case", ["one_expert", "300_pairs", "two_pairs", "600_experts"])
 def test_mul_mat_id_skewed_routing(kernels, t, case):
     """Skewed routing through the grouped kernels, float32 x, and for 300 pairs also bfloat16 x read by every slot
     (broadcast): every valid pair's row right (none left unwritten), every bad id's row NaN."""
-    E, n = 6, 20
+    n = 8 if case == "600_experts" else 20
     k = 67 if t.is_float else 2 * max(t.block_size, 32)
-    ids = skewed_ids(case, E)
+    ids, E = skewed_ids(case)
     for x_type, slots in [(F32, ids.shape[1])] + ([(BF16, 1)] if case == "300_pairs" else []):
         got, exact, theirs = mul_mat_id_case(kernels, t, x_type, ids, E, n, k, slots, False, seed=int(t) + x_type)
         assert_mul_mat_id(got, exact, theirs, t, x_type, k, False, f"{case} x_type={x_type}")

@@ -190,7 +190,7 @@ bool with_dot_format(int type, Make&& make) {
 // Steps 1 and 2 of the integer dots, where they take the weight; MB: the most pairs per chunk.
 template <typename T>
 bool set_dot_steps(MulMatIdPlan& p, const MulMatIdArgs& a, int type) {
-  if (a.k % 32 != 0 || a.row_bytes % 4 != 0 || !aligned(a.w, 4)) return false;
+  if (a.k <= 0 || a.k % 32 != 0 || a.row_bytes % 4 != 0 || !aligned(a.w, 4)) return false;  // no empty grid
   return with_dot_format(type, [&](auto format) {
     using F = decltype(format);
     KernelLaunch& quantize = p.steps[1];
