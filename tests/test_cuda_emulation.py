@@ -685,8 +685,9 @@ def test_mul_mat_id(kernels, t, x_type, transpose, x_slots):
 def skewed_ids(case: str):
     """(ids, E): routings that exercise the grouping: one expert for every pair (21 pairs: three chunks of 8, the
     last partial), 300 pairs (past the grouping kernel's chunk of 256) of which most go to expert 0, a few experts
-    never chosen, ids repeated within a token and bad ones; two pairs (the 2-pair kernel) on one expert; 600 experts
-    (the grouping's scan of more buckets than threads), most unused."""
+    never chosen, ids repeated within a token and bad ones; two pairs (chunks of 2: two tokens) on one expert; 600
+    experts (the grouping's scan of more buckets than threads), most unused; one token (chunks of one pair) naming
+    an expert three times."""
     rng = np.random.default_rng(7)
     if case == "one_expert":
         ids = np.full((7, 3), 2, np.int32)
@@ -700,12 +701,14 @@ def skewed_ids(case: str):
         ids = rng.integers(0, 600, (5, 4)).astype(np.int32)
         ids[0, 0], ids[4, 3] = 599, 600
         return ids, 600
+    if case == "one_token":
+        return np.array([[3, 0, 3, 5, -1, 1, 3, 4]], np.int32), 6
     return np.full((2, 1), 5, np.int32), 6
 
 
 @pytest.mark.parametrize("t", [GGMLType.Q4_0, GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0, GGMLType.IQ4_XS,
                                GGMLType.F16], ids=lambda t: t.name)
-@pytest.mark.parametrize("case", ["one_expert", "300_pairs", "two_pairs", "600_experts"])
+@pytest.mark.parametrize("case", ["one_expert", "300_pairs", "two_pairs", "600_experts", "one_token"])
 def test_mul_mat_id_skewed_routing(kernels, t, case):
     """Skewed routing through the grouped kernels, float32 x, and for 300 pairs also bfloat16 x read by every slot
     (broadcast): every valid pair's row right (none left unwritten), every bad id's row NaN."""

@@ -8,7 +8,7 @@
 //      x's t * x_slots rows quantized to int8 per 32 elements with a float scale (matmul_decode_operands.cuh's
 //      quantize_x_kernel, the decode route's step 0), into the workspace after the groups.
 //   2. grouped_dot_kernel: grid (weight-row tiles, experts + 1). A warp owns R rows of its expert and walks the
-//      expert's pairs in chunks of MB (2 or 8: the most pairs an expert can have, up to 8): the chunk's rows of x
+//      expert's pairs in chunks of MB (1, 2, 4 or 8: up to t, set_dot_steps): the chunk's rows of x
 //      are gathered through the sorted pair list (GatheredX), and each x-block group of the warp's weight rows is
 //      read and decoded once for all of them (WarpDot of matmul_decode_dp4a.cuh: the decode route's __dp4a
 //      products, so the arithmetic is quantized_matmul's on m <= 8 rows). An expert with more pairs than MB reads
@@ -187,7 +187,17 @@ bool with_dot_format(int type, Make&& make) {
   return false;
 }
 
-// Steps 1 and 2 of the integer dots, where they take the weight; MB: the most pairs per chunk.
+template <class F, int MB, typename T>
+void set_grouped_dot(KernelLaunch& l, const MulMatIdArgs& a) {
+  l.kernel = reinterpret_cast<const void*>(&grouped_dot_kernel<F, MB, T>);
+  l.grid = dim3(ceil_div(a.n, kDotWarps * rows_per_warp<MB>()), static_cast<unsigned>(a.e + 1));
+  l.block = dim3(kDotWarps * 32);
+}
+
+// Steps 1 and 2 of the integer dots, where they take the weight. The pairs per chunk (MB, as the decode route's rows
+// of x: 1, 2, 4 or 8) follow from the tokens: a token's slots name distinct experts in every router of ggml (top-k),
+// so an expert has at most t pairs, and the registers of more would sit idle (a decode of one token takes one
+// pair per chunk). An expert chosen twice by one token is still right: it takes one more chunk.
 template <typename T>
 bool set_dot_steps(MulMatIdPlan& p, const MulMatIdArgs& a, int type) {
   if (a.k <= 0 || a.k % 32 != 0 || a.row_bytes % 4 != 0 || !aligned(a.w, 4)) return false;  // no empty grid
@@ -200,13 +210,15 @@ bool set_dot_steps(MulMatIdPlan& p, const MulMatIdArgs& a, int type) {
     quantize.block = dim3(kQuantizeThreads);
     p.quantize_step = 1;
     p.workspace_bytes += records_offset(xq) + xq.m * (a.k / 32) * static_cast<int64_t>(sizeof(XRecord));
-    KernelLaunch& dot = p.steps[2];
-    const bool few = pair_count(a) <= 2;
-    dot.kernel = few ? reinterpret_cast<const void*>(&grouped_dot_kernel<F, 2, T>)
-                     : reinterpret_cast<const void*>(&grouped_dot_kernel<F, 8, T>);
-    dot.grid = dim3(ceil_div(a.n, kDotWarps * (few ? rows_per_warp<2>() : rows_per_warp<8>())),
-                    static_cast<unsigned>(a.e + 1));
-    dot.block = dim3(kDotWarps * 32);
+    if (a.t <= 1) {
+      set_grouped_dot<F, 1, T>(p.steps[2], a);
+    } else if (a.t <= 2) {
+      set_grouped_dot<F, 2, T>(p.steps[2], a);
+    } else if (a.t <= 4) {
+      set_grouped_dot<F, 4, T>(p.steps[2], a);
+    } else {
+      set_grouped_dot<F, 8, T>(p.steps[2], a);
+    }
   });
 }
 
