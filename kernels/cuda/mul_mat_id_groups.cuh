@@ -42,8 +42,8 @@ __device__ __forceinline__ int bucket_of(int32_t id, int64_t e) {
 // are taken kGroupThreads at a time: each thread ranks its pair among the chunk's earlier pairs of the same bucket
 // (a pass over the chunk's buckets in shared memory), its rank in the bucket is that plus the bucket's count so far,
 // and the chunk's last pair of each bucket adds the chunk's share to the count. Then the counts become offsets (an
-// exclusive scan) and every pair is written to its place. O(pairs) steps per thread: a few microseconds for the
-// thousands of pairs of a prefill, and one chunk of n_used pairs in a decode.
+// exclusive scan) and every pair is written to its place. About `pairs` steps per thread (not timed on a GPU yet);
+// a decode's n_used pairs are one chunk.
 __global__ void __launch_bounds__(kGroupThreads) group_pairs_kernel(MulMatIdArgs a) {
   __shared__ int chunk_buckets[kGroupThreads];
   __shared__ int64_t span_sums[kGroupThreads];
