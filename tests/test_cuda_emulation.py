@@ -88,7 +88,8 @@ class QuantizedMatmulArgs(ctypes.Structure):
 
 
 class MulMatIdArgs(ctypes.Structure):
-    _fields_ = [("x", ctypes.c_void_p), ("w", ctypes.c_void_p), ("ids", ctypes.c_void_p), ("y", ctypes.c_void_p)] + \
+    _fields_ = [("x", ctypes.c_void_p), ("w", ctypes.c_void_p), ("ids", ctypes.c_void_p), ("y", ctypes.c_void_p),
+                ("workspace", ctypes.c_void_p)] + \
                [(n, ctypes.c_int64) for n in ("t", "n_used", "x_slots", "e", "n", "k", "row_bytes")]
 
 
@@ -603,35 +604,117 @@ def test_decode_float_weights(kernels, t, x_type, m):
 
 
 # ----------------------------------------------------------------------------- mul_mat_id
+# Forward: the (token, slot) pairs grouped by expert on the device (kernels/cuda/mul_mat_id_groups.cuh), then each
+# expert's rows decoded once per chunk of up to 8 of its pairs: quantized weights with rows on 4-byte boundaries take
+# the decode route's integer dots (x quantized to int8 per 32: test_decode's rule against ggml's own scheme), the
+# others the float chunk decoders (float32 sums). The transposed product (x's gradient) is not grouped.
 
-@pytest.mark.parametrize("t", [GGMLType.Q4_0, GGMLType.Q4_K, GGMLType.Q8_0, GGMLType.IQ4_XS, GGMLType.F16,
-                               GGMLType.F32], ids=lambda t: t.name)
+def int_dot_route(t: GGMLType, k: int) -> bool:
+    """Whether the forward product takes the integer dots: a layout type (not float, not gguf-decoded) whose rows
+    of k elements are whole 4-byte words (e.g. not MXFP4's 17-byte blocks in pairs)."""
+    row_bytes = k // t.block_size * t.type_size
+    return not t.is_float and t.name not in reference.GGUF_DECODED and row_bytes % 4 == 0
+
+
+def gguf_values(blocks: np.ndarray, t: GGMLType, n: int, k: int) -> np.ndarray:
+    """float64 (n, k) of one expert's rows, decoded by the gguf package."""
+    return np.asarray(quants.dequantize(blocks, gguf.GGMLQuantizationType(int(t))), np.float64).reshape(n, k)
+
+
+def mul_mat_id_case(kernels, t, x_type, ids, E, n, k, slots, transpose, seed):
+    """Runs the op on random experts and x (a few outliers, as real activations have); checks that the pairs of bad
+    ids got NaN rows; returns, for the others, (got, exact, ggml's scheme's result rounded to the output type)."""
+    rng = np.random.default_rng(seed)
+    T, used = ids.shape
+    w = np.stack([reference.random_blocks(rng, t.name, n, k) for _ in range(E)])  # (E, N, row_bytes)
+    w_values = np.stack([gguf_values(wi, t, n, k) for wi in w])                     # float64 (E, N, K)
+    xf = rng.standard_normal((T, slots, n if transpose else k))
+    xf[..., ::97] *= 8.0
+    x = stored(xf, x_type)
+    y = stored(np.full((T, used, k if transpose else n), 3.0), x_type)  # not NaN: every row must be written
+    args = MulMatIdArgs(ptr(x), ptr(w), ptr(ids), ptr(y), None, T, used, slots, E, n, k, w.shape[-1])
+    assert kernels.emulated_mul_mat_id(args, int(t), x_type, int(transpose)) == 0
+    xs, got = loaded(x, x_type), loaded(y, x_type)
+    valid = (ids >= 0) & (ids < E)
+    assert np.isnan(got[~valid]).all()
+    tk, sl = np.nonzero(valid)
+    xv = xs[tk, sl if slots > 1 else 0]                      # (pairs, reduce)
+    we = w_values[ids[tk, sl]]                               # (pairs, N, K)
+    if transpose:
+        return got[valid], np.einsum("pn,pnk->pk", xv, we), None
+    theirs = np.einsum("pnk,pk->pn", we, ggml_scheme(xv, t) if not t.is_float else xv)
+    return got[valid], np.einsum("pnk,pk->pn", we, xv), loaded(stored(theirs, x_type), x_type)
+
+
+def assert_mul_mat_id(got, exact, theirs, t, x_type, k, transpose, what):
+    """The integer dots: test_decode's rule (float32 x: at most 1.1x ggml's scheme; float16/bfloat16 output, whose
+    own rounding decides between equally good results: 5e-4). The float kernels: float32 rounding only (bfloat16
+    x: one rounding of the output)."""
+    if not transpose and int_dot_route(t, k):
+        if x_type == F32:
+            assert_no_less_accurate_than_ggml(got, exact, theirs, what, k)
+        else:
+            assert nmse(got, exact) <= 5e-4, what
+        return
+    assert nmse(got, exact) < (1e-10 if x_type == F32 else 1e-4), what
+
+
+MMID_TYPES = [GGMLType.Q4_0, GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0, GGMLType.IQ4_XS, GGMLType.MXFP4,
+              GGMLType.IQ2_XXS, GGMLType.F16, GGMLType.F32]
+
+
+@pytest.mark.parametrize("t", MMID_TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("x_type", [F32, BF16])
 @pytest.mark.parametrize("transpose, x_slots", [(False, "per_slot"), (False, "broadcast"), (True, "per_slot")],
                          ids=["forward", "broadcast_x", "transposed"])
 def test_mul_mat_id(kernels, t, x_type, transpose, x_slots):
-    """Each (token, slot) pair through its expert, ids read by the kernel, against float64 on the decoded experts;
-    a bad id (here E and -1) gives its pair a row of NaN and leaves the others exact. Float rows of K = 259 end
-    inside a 16-element chunk (the tail reads no x past the row)."""
+    """Each (token, slot) pair through its expert, ids read by the kernels, against float64 on gguf's decoded
+    experts; a bad id (here E and -1) gives its pair a row of NaN and leaves the others right. Float rows of K = 259
+    end inside a 16-element chunk (the tail reads no x past the row); MXFP4's 34-byte rows and IQ2_XXS (no integer
+    format) take the float kernel."""
     rng = np.random.default_rng(int(t) * 10 + x_type + 3 * transpose)
     E, n, T, used = 5, 33, 4, 3
     k = 259 if t.is_float else 2 * max(t.block_size, 32)
-    w = np.stack([reference.random_blocks(rng, t.name, n, k) for _ in range(E)])    # (E, N, row_bytes)
-    w_values = np.stack([reference.dequantize(wi, t.name, (n, k)) for wi in w])       # float64 (E, N, K)
     ids = np.stack([rng.permutation(E)[:used] for _ in range(T)]).astype(np.int32)
     ids[3, 1], ids[2, 0] = E, -1
     slots = 1 if x_slots == "broadcast" else used
-    x = stored(rng.standard_normal((T, slots, n if transpose else k)), x_type)
-    y = np.zeros((T, used, k if transpose else n), NP_TYPES[x_type])
-    args = MulMatIdArgs(ptr(x), ptr(w), ptr(ids), ptr(y), T, used, slots, E, n, k, w.shape[-1])
-    assert kernels.emulated_mul_mat_id(args, int(t), x_type, int(transpose)) == 0
-    xs, got = loaded(x, x_type), loaded(y, x_type)
-    for tk in range(T):
-        for s in range(used):
-            if not 0 <= ids[tk, s] < E:
-                assert np.isnan(got[tk, s]).all()
-                continue
-            we, xv = w_values[ids[tk, s]], xs[tk, s if slots > 1 else 0]
-            want = xv @ we if transpose else we @ xv
-            bound = 1e-10 if x_type == F32 else 1e-4  # bfloat16: one rounding of the output
-            assert nmse(got[tk, s], want) < bound, (tk, s)
+    got, exact, theirs = mul_mat_id_case(kernels, t, x_type, ids, E, n, k, slots, transpose, seed=int(t))
+    assert_mul_mat_id(got, exact, theirs, t, x_type, k, transpose, x_slots)
+
+
+def skewed_ids(case: str):
+    """(ids, E): routings that exercise the grouping: one expert for every pair (21 pairs: three chunks of 8, the
+    last partial), 300 pairs (past the grouping kernel's chunk of 256) of which most go to expert 0, a few experts
+    never chosen, ids repeated within a token and bad ones; two pairs (chunks of 2: two tokens) on one expert; 600
+    experts (the grouping's scan of more buckets than threads), most unused; one token (chunks of one pair) naming
+    an expert three times."""
+    rng = np.random.default_rng(7)
+    if case == "one_expert":
+        ids = np.full((7, 3), 2, np.int32)
+        ids[4, 2] = 9
+        return ids, 6
+    if case == "300_pairs":
+        ids = np.where(rng.random((100, 3)) < 0.8, 0, rng.integers(3, 6, (100, 3))).astype(np.int32)
+        ids[[5, 50, 99], [0, 1, 2]] = [-2, 6, -1]
+        return ids, 6
+    if case == "600_experts":
+        ids = rng.integers(0, 600, (5, 4)).astype(np.int32)
+        ids[0, 0], ids[4, 3] = 599, 600
+        return ids, 600
+    if case == "one_token":
+        return np.array([[3, 0, 3, 5, -1, 1, 3, 4]], np.int32), 6
+    return np.full((2, 1), 5, np.int32), 6
+
+
+@pytest.mark.parametrize("t", [GGMLType.Q4_0, GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0, GGMLType.IQ4_XS,
+                               GGMLType.F16], ids=lambda t: t.name)
+@pytest.mark.parametrize("case", ["one_expert", "300_pairs", "two_pairs", "600_experts", "one_token"])
+def test_mul_mat_id_skewed_routing(kernels, t, case):
+    """Skewed routing through the grouped kernels, float32 x, and for 300 pairs also bfloat16 x read by every slot
+    (broadcast): every valid pair's row right (none left unwritten), every bad id's row NaN."""
+    n = 8 if case == "600_experts" else 20
+    k = 67 if t.is_float else 2 * max(t.block_size, 32)
+    ids, E = skewed_ids(case)
+    for x_type, slots in [(F32, ids.shape[1])] + ([(BF16, 1)] if case == "300_pairs" else []):
+        got, exact, theirs = mul_mat_id_case(kernels, t, x_type, ids, E, n, k, slots, False, seed=int(t) + x_type)
+        assert_mul_mat_id(got, exact, theirs, t, x_type, k, False, f"{case} x_type={x_type}")

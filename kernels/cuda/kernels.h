@@ -120,6 +120,7 @@ struct MulMatIdArgs {
   const void* w;
   const int32_t* ids;
   void* y;
+  void* workspace;  // MulMatIdPlan::workspace_bytes of device scratch (set by the caller), or null
   int64_t t;
   int64_t n_used;
   int64_t x_slots;
@@ -128,7 +129,18 @@ struct MulMatIdArgs {
   int64_t k;
   int64_t row_bytes;
 };
-// kernel == nullptr for a type id the kernels do not know.
-KernelLaunch mul_mat_id_launch(const MulMatIdArgs& args, int ggml_type, FloatType x_type, bool transpose);
+// What to run, in order on one stream, after the caller has pointed args.workspace at workspace_bytes of device
+// memory: the forward product groups the pairs by expert on the device (step 0), may quantize x (the step
+// quantize_step, which takes mul_mat_id_quantize_args(args) instead of args), then multiplies each expert's group.
+// steps[0].kernel == nullptr for a type id the kernels do not know.
+struct MulMatIdPlan {
+  static constexpr int kMaxSteps = 3;
+  KernelLaunch steps[kMaxSteps];
+  int quantize_step = -1;  // -1: none
+  int64_t workspace_bytes = 0;
+};
+MulMatIdPlan mul_mat_id_plan(const MulMatIdArgs& args, int ggml_type, FloatType x_type, bool transpose);
+// The argument struct of the quantize step: x's t * x_slots rows, quantized into the plan's workspace.
+QuantizedMatmulArgs mul_mat_id_quantize_args(const MulMatIdArgs& args);
 
 }  // namespace ggml_ext::cuda

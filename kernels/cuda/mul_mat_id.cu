@@ -1,58 +1,150 @@
-// mul_mat_id on the GPU, a first correct version: the ids are read by the kernel itself (no host round trip, so
-// the launch records into MLX's CUDA graph like any other), each (token, slot) pair's expert row by row through
-// the shared chunk decoders of weights.cuh in float32. It does not group tokens by expert: an expert chosen by P
-// pairs is read P times (from L2 when they run together); the decode and tile kernels of matmul_decode.cu /
-// matmul_tiles.cu, driven per expert, are the fast route still to be written.
+// mul_mat_id on the GPU, grouped by expert: each chosen expert's weight rows are read and decoded once per chunk of
+// up to 8 of the (token, slot) pairs routed to it, not once per pair. Everything stays on the device (the ids are
+// read by the kernels, no host round trip), so the launches record into MLX's CUDA graph like any other.
 //
-// An id outside [0, E) gives that pair a row of NaN: the kernel never addresses memory outside the experts (the op
-// raises ValueError at graph-building time for ids already evaluated).
+// Forward product, three steps (mul_mat_id_plan) on one workspace:
+//   0. group_pairs_kernel (mul_mat_id_groups.cuh): the pairs sorted by expert (stable), with per-expert offsets.
+//   1. Quantized weights whose rows start on 4-byte boundaries (every layout type with whole 32-element x-blocks):
+//      x's t * x_slots rows quantized to int8 per 32 elements with a float scale (matmul_decode_operands.cuh's
+//      quantize_x_kernel, the decode route's step 0), into the workspace after the groups.
+//   2. grouped_dot_kernel: grid (weight-row tiles, experts + 1). A warp owns R rows of its expert and walks the
+//      expert's pairs in chunks of MB (1, 2, 4 or 8: up to t, set_dot_steps): the chunk's rows of x
+//      are gathered through the sorted pair list (GatheredX), and each x-block group of the warp's weight rows is
+//      read and decoded once for all of them (WarpDot of matmul_decode_dp4a.cuh: the decode route's __dp4a
+//      products, so the arithmetic is quantized_matmul's on m <= 8 rows). An expert with more pairs than MB reads
+//      its rows again for the next chunk, from L2 (the block's rows stay small: R * row_bytes per warp).
+//   Other weights (float types, the decoded IQ/ternary types without an integer format, rows not 4-byte aligned):
+//   step 1 is grouped_float_kernel, a warp per weight row, each 16-element chunk decoded once per chunk of 8 pairs
+//   by the shared chunk decoders of weights.cuh, float32 sums.
+//   The extra bucket past the experts (grid y = e) holds the pairs whose id is outside [0, e): their output rows are
+//   NaN and no weight memory is addressed for them (the op raises ValueError at graph-building time for ids
+//   already evaluated).
+//
+// The transposed product (x's gradient) is not grouped: a thread per (pair, 16 elements of K), one step.
 #include <cmath>
 
+#include "kernels/cuda/matmul_decode_dp4a.cuh"
+#include "kernels/cuda/mul_mat_id_groups.cuh"
 #include "kernels/cuda/weights.cuh"
 
 namespace ggml_ext::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kWarps = kThreads / 32;
+constexpr int kDotWarps = 4;    // grouped_dot_kernel: warps per block, R weight rows each
+constexpr int kFloatWarps = 8;  // grouped_float_kernel: warps per block, one weight row each
+constexpr int kFloatChunk = 8;  // grouped_float_kernel: pairs per pass over a row
+constexpr int kThreads = 256;   // the transposed kernel
 constexpr unsigned kMaxGridY = 65535;
 
-__device__ __forceinline__ bool valid_expert(int32_t id, int64_t e) { return id >= 0 && id < e; }
-
-// 16 elements of x from element `first` of a row of `count` (those past the end read as zero).
-template <typename T>
-__device__ __forceinline__ void x_chunk(const T* row, int64_t first, int64_t count, float (&v)[16]) {
-#pragma unroll
-  for (int j = 0; j < 16; ++j) v[j] = first + j < count ? to_float(row[first + j]) : 0.0f;
+// x's quantize step: t * x_slots rows of k as one batch, written after the groups.
+__host__ __device__ inline QuantizedMatmulArgs x_quantize_view(const MulMatIdArgs& a) {
+  QuantizedMatmulArgs q{};
+  q.x = a.x;
+  q.w = a.w;
+  q.workspace = a.workspace ? static_cast<uint8_t*>(a.workspace) + groups_bytes(a) : nullptr;
+  q.m = a.t * a.x_slots;
+  q.n = a.n;
+  q.k = a.k;
+  q.row_bytes = a.row_bytes;
+  q.batches = q.b2 = q.a2 = q.ratio2 = q.ratio3 = 1;
+  return q;
 }
 
-// Forward: a warp per (pair, weight row n); lanes take the row's 16-element chunks in turn.
-template <typename W, typename T>
-__global__ void __launch_bounds__(kThreads) mul_mat_id_forward(MulMatIdArgs a) {
+// The rows of x of up to MB pairs, read from x's quantized rows (the decode kernels' GlobalX, one row per pair).
+template <int MB>
+struct GatheredX {
+  const uint8_t* codes;
+  const XRecord* records;
+  int64_t k;
+  int32_t row[MB];  // of x's t * x_slots rows (32-bit: fewer registers)
+  __device__ __forceinline__ decode::XBlock get(int i, int64_t xb) const {
+    return load_x(codes + int64_t{row[i]} * k, records + int64_t{row[i]} * (k / 32), xb);
+  }
+};
+
+// Step 2 of quantized weights (rows on 4-byte boundaries): warp w of block (bx, e) takes rows
+// n0 = (bx * kDotWarps + w) * R .. n0 + R - 1 of expert e for each chunk of its pairs.
+template <class F, int MB, typename T>
+__global__ void __launch_bounds__(kDotWarps * 32) grouped_dot_kernel(MulMatIdArgs a) {
+  constexpr int R = rows_per_warp<MB>();
   const int lane = threadIdx.x % 32;
-  const int64_t n = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
-  if (n >= a.n) return;  // the whole warp
-  const int64_t pairs = a.t * a.n_used, chunks = (a.k + 15) / 16;
-  for (int64_t p = blockIdx.y; p < pairs; p += gridDim.y) {
-    const int32_t id = a.ids[p];
-    T* y = static_cast<T*>(a.y) + p * a.n + n;
-    if (!valid_expert(id, a.e)) {
-      if (lane == 0) *y = from_float<T>(NAN);
-      continue;
-    }
-    const int64_t token = p / a.n_used, slot = a.x_slots == 1 ? 0 : p % a.n_used;
-    const T* x = static_cast<const T*>(a.x) + (token * a.x_slots + slot) * a.k;
-    const uint8_t* row = static_cast<const uint8_t*>(a.w) + (id * a.n + n) * a.row_bytes;
-    float sum = 0.0f;
-    for (int64_t c = lane; c < chunks; c += 32) {
-      float w[16], v[16];
-      W::row_chunk(row, c, a.k, w);
-      x_chunk(x, c * 16, a.k, v);
+  const int64_t e = blockIdx.y, n0 = (static_cast<int64_t>(blockIdx.x) * kDotWarps + threadIdx.x / 32) * R;
+  if (n0 >= a.n) return;  // the whole warp
+  const PairGroups g(a);
+  if (e == a.e) return store_nan_rows<T>(a, g, n0, R, lane);
+  const int64_t first = g.offsets[e], last = g.offsets[e + 1];
+  const QuantizedMatmulArgs xq = x_quantize_view(a);
+  // The expert as a one-batch product whose weight_batch(view, e) is e (b2 = a2 = ratio2 = ratio3 = 1).
+  QuantizedMatmulArgs view = xq;
+  constexpr int kG = lane_group<F, R>(), kUnroll = 4 / kG;  // as decode_direct_kernel: four x-blocks in flight
+  const int groups = static_cast<int>(a.k / 32) / kG;
+  for (int64_t c = first; c < last; c += MB) {
+    view.m = last - c < MB ? last - c : MB;
+    GatheredX<MB> x{x_codes(xq, 0), x_records(xq, 0), a.k, {}};
+    int32_t pair[MB];
 #pragma unroll
-      for (int j = 0; j < 16; ++j) sum += w[j] * v[j];
+    for (int i = 0; i < MB; ++i) {
+      pair[i] = g.sorted[i < view.m ? c + i : c];
+      x.row[i] = static_cast<int32_t>(x_row_of_pair(a, pair[i]));
     }
-    sum = warp_sum(sum);
-    if (lane == 0) *y = from_float<T>(sum);
+    WarpDot<F, MB, R, GatheredX<MB>> dot(view, n0, x);
+#pragma unroll kUnroll
+    for (int p = lane; p < groups; p += 32) dot.template add<kG>(dot.rows, p, int64_t{p} * kG);
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int i = 0; i < MB; ++i) {
+        if (i < view.m) {
+          const float sum = warp_sum(dot.acc[r][i]);
+          if (lane == (r * MB + i) % 32 && n0 + r < a.n)
+            static_cast<T*>(a.y)[int64_t{pair[i]} * a.n + n0 + r] = from_float<T>(sum);
+        }
+      }
+  }
+}
+
+// Step 1 of the other weights: warp w of block (bx, e) takes row n = bx * kFloatWarps + w of expert e; its lanes
+// take the row's 16-element chunks in turn, each decoded once per kFloatChunk pairs.
+template <typename W, typename T>
+__global__ void __launch_bounds__(kFloatWarps * 32) grouped_float_kernel(MulMatIdArgs a) {
+  const int lane = threadIdx.x % 32;
+  const int64_t e = blockIdx.y, n = static_cast<int64_t>(blockIdx.x) * kFloatWarps + threadIdx.x / 32;
+  if (n >= a.n) return;  // the whole warp
+  const PairGroups g(a);
+  if (e == a.e) return store_nan_rows<T>(a, g, n, 1, lane);
+  const uint8_t* row = static_cast<const uint8_t*>(a.w) + (e * a.n + n) * a.row_bytes;
+  const bool vector = a.k % 16 == 0 && aligned(a.x, 16);  // every row of x starts on a 16-byte boundary
+  const int64_t first = g.offsets[e], last = g.offsets[e + 1], chunks = (a.k + 15) / 16;
+  for (int64_t c = first; c < last; c += kFloatChunk) {
+    const int m = static_cast<int>(last - c < kFloatChunk ? last - c : kFloatChunk);
+    int32_t pair[kFloatChunk];
+    const T* xs[kFloatChunk];
+    float acc[kFloatChunk] = {};
+#pragma unroll
+    for (int i = 0; i < kFloatChunk; ++i) {
+      pair[i] = g.sorted[i < m ? c + i : c];
+      xs[i] = static_cast<const T*>(a.x) + x_row_of_pair(a, pair[i]) * a.k;
+    }
+    for (int64_t q = lane; q < chunks; q += 32) {
+      float w[16];
+      W::row_chunk(row, q, a.k, w);  // decoded once for the chunk's m pairs
+#pragma unroll
+      for (int i = 0; i < kFloatChunk; ++i) {
+        if (i >= m) break;
+        float v[16], part = 0.0f;  // each 16-element product summed apart: shorter float32 rounding chains
+        load_x_chunk(xs[i], q, a.k, vector, v);
+#pragma unroll
+        for (int j = 0; j < 16; ++j) part += w[j] * v[j];
+        acc[i] += part;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kFloatChunk; ++i) {
+      if (i < m) {
+        const float sum = warp_sum(acc[i]);
+        if (lane == i) static_cast<T*>(a.y)[int64_t{pair[i]} * a.n + n] = from_float<T>(sum);
+      }
+    }
   }
 }
 
@@ -85,31 +177,89 @@ __global__ void __launch_bounds__(kThreads) mul_mat_id_transposed(MulMatIdArgs a
   }
 }
 
+// make(decode::Fmt<type>{}) for the layout types (those with an integer-dot format); false for the others.
+template <typename Make>
+bool with_dot_format(int type, Make&& make) {
+#define GGML_EXT_MMID_DOT_FORMAT(NAME, name, id, qk, bytes) \
+  if (type == GGML_EXT_TYPE_##NAME) return make(decode::Fmt##NAME{}), true;
+  GGML_EXT_FOR_EACH_LAYOUT_QUANT_TYPE(GGML_EXT_MMID_DOT_FORMAT)
+#undef GGML_EXT_MMID_DOT_FORMAT
+  return false;
+}
+
+template <class F, int MB, typename T>
+void set_grouped_dot(KernelLaunch& l, const MulMatIdArgs& a) {
+  l.kernel = reinterpret_cast<const void*>(&grouped_dot_kernel<F, MB, T>);
+  l.grid = dim3(ceil_div(a.n, kDotWarps * rows_per_warp<MB>()), static_cast<unsigned>(a.e + 1));
+  l.block = dim3(kDotWarps * 32);
+}
+
+// Steps 1 and 2 of the integer dots, where they take the weight. The pairs per chunk (MB, as the decode route's rows
+// of x: 1, 2, 4 or 8) follow from the tokens: a token's slots name distinct experts in every router of ggml (top-k),
+// so an expert has at most t pairs, and the registers of more would sit idle (a decode of one token takes one
+// pair per chunk). An expert chosen twice by one token is still right: it takes one more chunk.
 template <typename T>
-KernelLaunch mul_mat_id_launch_typed(const MulMatIdArgs& a, int type, bool transpose) {
-  const int64_t pairs = a.t * a.n_used;
-  const unsigned grid_y = static_cast<unsigned>(pairs < kMaxGridY ? pairs : kMaxGridY);
-  return with_weights(type, [&](auto weights) {
-    using W = decltype(weights);
-    KernelLaunch l;
-    l.block = dim3(kThreads);
-    if (transpose) {
-      l.kernel = reinterpret_cast<const void*>(&mul_mat_id_transposed<W, T>);
-      l.grid = dim3(ceil_div((a.k + 15) / 16, kThreads), grid_y);
+bool set_dot_steps(MulMatIdPlan& p, const MulMatIdArgs& a, int type) {
+  if (a.k <= 0 || a.k % 32 != 0 || a.row_bytes % 4 != 0 || !aligned(a.w, 4)) return false;  // no empty grid
+  return with_dot_format(type, [&](auto format) {
+    using F = decltype(format);
+    KernelLaunch& quantize = p.steps[1];
+    const QuantizedMatmulArgs xq = x_quantize_view(a);
+    quantize.kernel = reinterpret_cast<const void*>(&quantize_x_kernel<T, false>);
+    quantize.grid = dim3(ceil_div(xq.m * (a.k / 32) * 8, kQuantizeThreads));
+    quantize.block = dim3(kQuantizeThreads);
+    p.quantize_step = 1;
+    p.workspace_bytes += records_offset(xq) + xq.m * (a.k / 32) * static_cast<int64_t>(sizeof(XRecord));
+    if (a.t <= 1) {
+      set_grouped_dot<F, 1, T>(p.steps[2], a);
+    } else if (a.t <= 2) {
+      set_grouped_dot<F, 2, T>(p.steps[2], a);
+    } else if (a.t <= 4) {
+      set_grouped_dot<F, 4, T>(p.steps[2], a);
     } else {
-      l.kernel = reinterpret_cast<const void*>(&mul_mat_id_forward<W, T>);
-      l.grid = dim3(ceil_div(a.n, kWarps), grid_y);
+      set_grouped_dot<F, 8, T>(p.steps[2], a);
     }
-    return l;
   });
+}
+
+template <typename T>
+MulMatIdPlan mul_mat_id_plan_typed(const MulMatIdArgs& a, int type, bool transpose) {
+  MulMatIdPlan p;
+  if (transpose) {
+    const int64_t pairs = pair_count(a);
+    with_weights(type, [&](auto weights) {
+      p.steps[0].kernel = reinterpret_cast<const void*>(&mul_mat_id_transposed<decltype(weights), T>);
+      p.steps[0].grid =
+          dim3(ceil_div((a.k + 15) / 16, kThreads), static_cast<unsigned>(pairs < kMaxGridY ? pairs : kMaxGridY));
+      p.steps[0].block = dim3(kThreads);
+      return 0;
+    });
+    return p;
+  }
+  p.workspace_bytes = groups_bytes(a);
+  if (!set_dot_steps<T>(p, a, type)) {
+    with_weights(type, [&](auto weights) {
+      p.steps[1].kernel = reinterpret_cast<const void*>(&grouped_float_kernel<decltype(weights), T>);
+      p.steps[1].grid = dim3(ceil_div(a.n, kFloatWarps), static_cast<unsigned>(a.e + 1));
+      p.steps[1].block = dim3(kFloatWarps * 32);
+      return 0;
+    });
+    if (!p.steps[1].kernel) return {};
+  }
+  p.steps[0].kernel = reinterpret_cast<const void*>(&group_pairs_kernel);
+  p.steps[0].grid = dim3(1);
+  p.steps[0].block = dim3(kGroupThreads);
+  return p;
 }
 
 }  // namespace
 
-KernelLaunch mul_mat_id_launch(const MulMatIdArgs& args, int ggml_type, FloatType x_type, bool transpose) {
+MulMatIdPlan mul_mat_id_plan(const MulMatIdArgs& args, int ggml_type, FloatType x_type, bool transpose) {
   GGML_EXT_CUDA_FLOAT_SWITCH(x_type, kType,
-                             return mul_mat_id_launch_typed<typename Storage<kType>::type>(args, ggml_type, transpose));
+                             return mul_mat_id_plan_typed<typename Storage<kType>::type>(args, ggml_type, transpose));
   return {};
 }
+
+QuantizedMatmulArgs mul_mat_id_quantize_args(const MulMatIdArgs& args) { return x_quantize_view(args); }
 
 }  // namespace ggml_ext::cuda

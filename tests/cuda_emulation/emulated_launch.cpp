@@ -285,9 +285,17 @@ int emulated_dequantize(kc::DequantizeArgs args, int ggml_type, int out_type) {
 }
 
 int emulated_mul_mat_id(kc::MulMatIdArgs args, int ggml_type, int x_type, int transpose) {
-  const kc::KernelLaunch launch =
-      kc::mul_mat_id_launch(args, ggml_type, static_cast<kc::FloatType>(x_type), transpose != 0);
-  return launch.kernel ? run(launch, args) : 1;
+  const kc::MulMatIdPlan plan =
+      kc::mul_mat_id_plan(args, ggml_type, static_cast<kc::FloatType>(x_type), transpose != 0);
+  if (!plan.steps[0].kernel) return 1;
+  std::vector<unsigned char> workspace(plan.workspace_bytes + 16, 0xA5);  // garbage, as on a GPU
+  args.workspace = plan.workspace_bytes ? workspace.data() : nullptr;
+  for (int i = 0; i < plan.kMaxSteps && plan.steps[i].kernel; ++i) {
+    const int err = i == plan.quantize_step ? run(plan.steps[i], kc::mul_mat_id_quantize_args(args))
+                                            : run(plan.steps[i], args);
+    if (err) return err;
+  }
+  return 0;
 }
 
 int emulated_quantized_matmul(kc::QuantizedMatmulArgs args, int ggml_type, int x_type, int transpose) {

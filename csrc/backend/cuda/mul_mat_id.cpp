@@ -1,4 +1,5 @@
-// CUDA eval_gpu of MulMatId (kernels/cuda/mul_mat_id.cu: the ids read on the device).
+// CUDA eval_gpu of MulMatId (kernels/cuda/mul_mat_id.cu: the pairs grouped by expert on the device, then each
+// expert's rows read once per chunk of its pairs).
 #include "csrc/mul_mat_id.h"
 
 #include "csrc/backend/cuda/launch.h"
@@ -22,11 +23,19 @@ void MulMatId::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
                                     alignment, " bytes; these are at byte offset ", w.offset(),
                                     " of their buffer (copy them first)."));
   }
+  // The grouped kernels take the experts (and one bucket of bad ids) in grid.y, at most 65535, and index the
+  // (token, slot) pairs in 32 bits.
+  if (w.shape(0) >= 65535 || ids.size() > INT32_MAX) {
+    throw std::invalid_argument(cat("[mul_mat_id] the CUDA kernels take at most 65534 experts and 2^31 - 1 (token, "
+                                    "slot) pairs, got ", w.shape(0), " experts and ", ids.size(),
+                                    " pairs; split the call."));
+  }
   const int64_t row_bytes = w.shape(2);
   ggml_ext::cuda::MulMatIdArgs args{mx::gpu_ptr<void>(x),
                                     blocks,
                                     mx::gpu_ptr<int32_t>(ids),
                                     mx::gpu_ptr<void>(out),
+                                    nullptr,
                                     ids.shape(0),
                                     ids.shape(1),
                                     x.shape(1),
@@ -34,11 +43,31 @@ void MulMatId::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
                                     w.shape(1),
                                     row_bytes / ggml_ext_type_size(type_) * ggml_ext_block_size(type_),
                                     row_bytes};
-  const auto launch = ggml_ext::cuda::mul_mat_id_launch(args, type_, float_type(x.dtype()), transpose_);
-  if (!launch.kernel) {
+  const auto plan = ggml_ext::cuda::mul_mat_id_plan(args, type_, float_type(x.dtype()), transpose_);
+  if (!plan.steps[0].kernel) {
     throw std::invalid_argument(cat("[mul_mat_id] no CUDA kernel for ggml type ", type_, "."));
   }
-  cuda::launch(enc, launch, args);
+  if (plan.workspace_bytes == 0) {
+    cuda::launch(enc, plan.steps[0], args);
+    return;
+  }
+  // Step 0 writes the scratch, later steps read it (and write out): each kernel node registers its arrays.
+  const mx::array workspace = cuda::scratch(enc, plan.workspace_bytes);
+  args.workspace = mx::gpu_ptr<void>(workspace);
+  auto reads = inputs;
+  reads.push_back(workspace);
+  for (int i = 0; i < plan.kMaxSteps && plan.steps[i].kernel; ++i) {
+    if (i == 0) {
+      cuda::register_arrays(enc, {}, {workspace});  // begin() registered the inputs and out
+    } else {
+      cuda::register_arrays(enc, reads, {workspace, out});
+    }
+    if (i == plan.quantize_step) {
+      cuda::launch(enc, plan.steps[i], ggml_ext::cuda::mul_mat_id_quantize_args(args));
+    } else {
+      cuda::launch(enc, plan.steps[i], args);
+    }
+  }
 }
 
 }  // namespace mlx_ggml_ext
