@@ -16,7 +16,6 @@ test-backend-ops is not a dependency: build llama.cpp with -DLLAMA_BUILD_TESTS=O
 GPU) and build the target test-backend-ops."""
 
 import argparse
-import os
 import re
 import statistics
 import subprocess
@@ -25,7 +24,7 @@ import time
 import mlx.core as mx
 import numpy as np
 
-from common import CACHE_LIMIT, device_name, emit
+from common import CACHE_LIMIT, device_name, emit, require_executable
 from mlx_ggml_ext import GGMLTensor, GGMLType, num_threads, ops
 
 # Our type names by the spelling of ggml's type names.
@@ -81,12 +80,12 @@ def main():
     p.add_argument("--types", default="Q4_0,Q8_0,Q4_K,Q6_K,IQ4_XS")
     p.add_argument("--tokens", default="1,8,512")
     p.add_argument("--case", default="128,8,768,2048", help="experts,used,m,k of a test-backend-ops perf case")
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--graph", type=int, default=16, help="our products per evaluated graph (fewer from 64 tokens)")
     p.add_argument("--label", default="", help="what llama.cpp was built from, recorded as given")
+    # how long: rounds of (test-backend-ops, ours); our products per evaluated graph
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--graph", type=int, default=16, help="our products per graph (2 from 64 tokens)")
     args = p.parse_args()
-    if not os.access(args.ggml_bin, os.X_OK):
-        p.error(f"--ggml-bin {args.ggml_bin!r} is not an executable")
+    require_executable(p, args.ggml_bin, "--ggml-bin")
     types, tokens = args.types.split(","), [int(v) for v in args.tokens.split(",")]
     case = tuple(int(v) for v in args.case.split(","))
     if len(case) != 4 or any(t not in GGML_SPELLING for t in types):

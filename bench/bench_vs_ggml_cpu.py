@@ -20,7 +20,7 @@ import time
 
 import mlx.core as mx
 
-from common import CACHE_LIMIT, device_name, emit
+from common import CACHE_LIMIT, device_name, emit, require_executable
 from mlx_ggml_ext import GGMLType, _ext, num_threads, ops
 
 N, K = 4096, 14336  # test-backend-ops' MUL_MAT perf shape (m=4096, k=14336)
@@ -64,8 +64,7 @@ def main():
     p.add_argument("--runs", type=int, default=10, help="products per timed batch of ours")
     p.add_argument("--ggml-label", default="", help="what ggml was built from (commit, flags), recorded as given")
     args = p.parse_args()
-    if not os.access(args.ggml_bin, os.X_OK):
-        p.error(f"--ggml-bin {args.ggml_bin!r} is not an executable")
+    require_executable(p, args.ggml_bin, "--ggml-bin")
     types, ns = args.types.split(","), [int(v) for v in args.n.split(",")]
     unknown = [t for t in types if t not in GGML_NAMES]
     if unknown:

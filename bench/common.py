@@ -5,6 +5,7 @@ runs once, so a noisy neighbour slows all of them alike; report ratios."""
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
 import time
@@ -131,3 +132,9 @@ def header(raise_cache_limit: bool = True) -> None:
     mx.set_cache_limit(limit)
     emit({"cache_limit_bytes": limit, "bench": "environment", "mlx": mx.__version__, "mlx_ggml_ext": mlx_ggml_ext.__version__,
           "device": device_name(), "python": sys.version.split()[0]})
+
+
+def require_executable(parser, path: str, option: str) -> None:
+    """Stops the benchmark with a usage error when `path` (given as `option`) is not an executable."""
+    if not os.access(path, os.X_OK):
+        parser.error(f"{option} {path!r} is not an executable")
