@@ -9,6 +9,11 @@
 // Scales in hardware: a signalling NaN scale comes out quiet, as any product with it does anyway.
 #define GGML_EXT_HALF_TO_FLOAT(h) _cvtsh_ss(h)
 #endif
+#if defined(__clang__) && defined(__SSSE3__)
+#include <immintrin.h>
+#elif defined(__clang__) && defined(__ARM_NEON)
+#include <arm_neon.h>
+#endif
 #include "kernels/common/ggml_blocks.h"
 #include "kernels/cpu/simd.h"
 
@@ -23,6 +28,24 @@ typedef int8_t vi8x16 __attribute__((vector_size(16)));
 typedef int16_t vi16x16 __attribute__((vector_size(32)));
 typedef int32_t vi32x16 __attribute__((vector_size(64)));
 typedef float vf32x16 __attribute__((vector_size(64)));
+
+// table[idx[i] % 16] per lane (V: a 16-byte vector): GCC's __builtin_shuffle, which clang (Apple's compiler
+// included) does not have; there the byte-table instruction of the target (SSSE3 pshufb, NEON tbl) after the
+// same modulo, else a loop.
+template <class V>
+inline __attribute__((always_inline)) V shuffle_bytes(V table, vu8x16 idx) {
+#if !defined(__clang__)
+  return __builtin_shuffle(table, idx);
+#elif defined(__SSSE3__)
+  return (V)_mm_shuffle_epi8((__m128i)table, (__m128i)(idx & 15));
+#elif defined(__ARM_NEON)
+  return (V)vqtbl1q_u8((uint8x16_t)table, (uint8x16_t)(idx & 15));
+#else
+  V out;
+  for (int i = 0; i < 16; ++i) out[i] = table[idx[i] & 15];
+  return out;
+#endif
+}
 
 // A block type with its shared layout and scale functions (kernels/common/ggml_blocks.h).
 template <class Block, int QK, ggml_ext_layout16 (*Layout)(int), ggml_ext_scale16 (*Scale)(const Block*, int)>
@@ -84,7 +107,7 @@ inline __attribute__((always_inline)) vi8x16 codes16(const uint8_t* block, const
   } else if (l.hi_mask) {
     part |= ((load16(block + l.hi) >> l.hi_shift) & static_cast<uint8_t>(l.hi_mask)) << l.hi_pos;
   }
-  if (l.codebook != GGML_EXT_CODEBOOK_NONE) return __builtin_shuffle(table, part);
+  if (l.codebook != GGML_EXT_CODEBOOK_NONE) return shuffle_bytes(table, part);
   return (vi8x16)part - static_cast<int8_t>(l.zero);
 }
 

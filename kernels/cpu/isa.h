@@ -22,7 +22,12 @@ const char* isa_name(Isa isa);
 
 }  // namespace ggml_ext::cpu
 
-#if GGML_EXT_X86_VARIANTS
+// x86 builds have an AVX-512 variant unless cmake/cpu_variants.cmake says otherwise (clang).
+#if GGML_EXT_X86_VARIANTS && !defined(GGML_EXT_AVX512_VARIANT)
+#define GGML_EXT_AVX512_VARIANT 1
+#endif
+
+#if GGML_EXT_X86_VARIANTS && GGML_EXT_AVX512_VARIANT
 #define GGML_EXT_DISPATCH_IMPL(fn, Args)                                  \
   namespace isa_avx512 { void fn(const Args&); }                          \
   namespace isa_avx2 { void fn(const Args&); }                            \
@@ -33,6 +38,14 @@ const char* isa_name(Isa isa);
       case Isa::avx2: return isa_avx2::fn(args);                          \
       default: return isa_base::fn(args);                                 \
     }                                                                     \
+  }
+#elif GGML_EXT_X86_VARIANTS  // built without the AVX-512 variant (cmake/cpu_variants.cmake): never active
+#define GGML_EXT_DISPATCH_IMPL(fn, Args)                                  \
+  namespace isa_avx2 { void fn(const Args&); }                            \
+  namespace isa_base { void fn(const Args&); }                            \
+  void fn(const Args& args) {                                             \
+    if (active_isa() == Isa::avx2) return isa_avx2::fn(args);             \
+    return isa_base::fn(args);                                            \
   }
 #else
 #define GGML_EXT_DISPATCH_IMPL(fn, Args) \

@@ -40,8 +40,8 @@ inline __attribute__((always_inline)) vu8x16 k4_scale_min_bytes(const B* b) {
   const vu8x16 nibble_mask = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15};
   const vu8x16 high_idx = {0, 0, 0, 0, 0, 1, 2, 3, 0, 0, 0, 0, 4, 5, 6, 7};
   const vu8x16 high_keep = {0, 0, 0, 0, 3, 3, 3, 3, 0, 0, 0, 0, 3, 3, 3, 3};
-  const vu8x16 low = __builtin_shuffle(q, low_idx);
-  return (low & low_mask) | ((low >> 4) & nibble_mask) | (((__builtin_shuffle(q, high_idx) >> 6) & high_keep) << 4);
+  const vu8x16 low = shuffle_bytes(q, low_idx);
+  return (low & low_mask) | ((low >> 4) & nibble_mask) | (((shuffle_bytes(q, high_idx) >> 6) & high_keep) << 4);
 }
 
 template <class Q>
@@ -86,11 +86,11 @@ inline __attribute__((always_inline)) vu8x16 q3k_scale_bytes(const block_q3_k* b
   const vu8x16 low_idx = {0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7};
   const vu8x16 first_half = {15, 15, 15, 15, 15, 15, 15, 15, 0, 0, 0, 0, 0, 0, 0, 0};
   const vu8x16 high_idx = {8, 9, 10, 11, 8, 9, 10, 11, 8, 9, 10, 11, 8, 9, 10, 11};
-  const vu8x16 low = __builtin_shuffle(v, low_idx), high = __builtin_shuffle(v, high_idx);
+  const vu8x16 low = shuffle_bytes(v, low_idx), high = shuffle_bytes(v, high_idx);
   const vu8x16 q0 = {3, 3, 3, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};  // high bits at shift 2 * (j / 4)
-  const vu8x16 q1 = __builtin_shuffle(q0, vu8x16{4, 4, 4, 4, 0, 1, 2, 3, 4, 4, 4, 4, 4, 4, 4, 4});
-  const vu8x16 q2 = __builtin_shuffle(q0, vu8x16{4, 4, 4, 4, 4, 4, 4, 4, 0, 1, 2, 3, 4, 4, 4, 4});
-  const vu8x16 q3 = __builtin_shuffle(q0, vu8x16{4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 0, 1, 2, 3});
+  const vu8x16 q1 = shuffle_bytes(q0, vu8x16{4, 4, 4, 4, 0, 1, 2, 3, 4, 4, 4, 4, 4, 4, 4, 4});
+  const vu8x16 q2 = shuffle_bytes(q0, vu8x16{4, 4, 4, 4, 4, 4, 4, 4, 0, 1, 2, 3, 4, 4, 4, 4});
+  const vu8x16 q3 = shuffle_bytes(q0, vu8x16{4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 0, 1, 2, 3});
   const vu8x16 hbits = (high & q0) | ((high >> 2) & q1) | ((high >> 4) & q2) | ((high >> 6) & q3);
   return (low & first_half) | ((low >> 4) & ~first_half & 15) | (hbits << 4);
 }
@@ -114,10 +114,10 @@ inline __attribute__((always_inline)) vu8x16 iq4xs_scale_bytes(const block_iq4_x
   const vu8x16 even_sub = {15, 15, 0, 0, 15, 15, 0, 0, 15, 15, 0, 0, 15, 15, 0, 0};
   const vu8x16 high_idx = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1};
   const vu8x16 h0 = {3, 3, 0, 0, 0, 0, 0, 0, 3, 3, 0, 0, 0, 0, 0, 0};  // sub-block % 4 == 0: bits 0-1
-  const vu8x16 h1 = __builtin_shuffle(h0, vu8x16{2, 2, 0, 1, 2, 2, 2, 2, 2, 2, 8, 9, 2, 2, 2, 2});
-  const vu8x16 h2 = __builtin_shuffle(h0, vu8x16{2, 2, 2, 2, 0, 1, 2, 2, 2, 2, 2, 2, 8, 9, 2, 2});
-  const vu8x16 h3 = __builtin_shuffle(h0, vu8x16{2, 2, 2, 2, 2, 2, 0, 1, 2, 2, 2, 2, 2, 2, 8, 9});
-  const vu8x16 low = __builtin_shuffle(v, low_idx), high = __builtin_shuffle(v, high_idx);
+  const vu8x16 h1 = shuffle_bytes(h0, vu8x16{2, 2, 0, 1, 2, 2, 2, 2, 2, 2, 8, 9, 2, 2, 2, 2});
+  const vu8x16 h2 = shuffle_bytes(h0, vu8x16{2, 2, 2, 2, 0, 1, 2, 2, 2, 2, 2, 2, 8, 9, 2, 2});
+  const vu8x16 h3 = shuffle_bytes(h0, vu8x16{2, 2, 2, 2, 2, 2, 0, 1, 2, 2, 2, 2, 2, 2, 8, 9});
+  const vu8x16 low = shuffle_bytes(v, low_idx), high = shuffle_bytes(v, high_idx);
   const vu8x16 hbits = (high & h0) | ((high >> 2) & h1) | ((high >> 4) & h2) | ((high >> 6) & h3);
   return (low & even_sub) | ((low >> 4) & ~even_sub & 15) | (hbits << 4);
 }

@@ -5,12 +5,27 @@
 #include <cstring>
 #include <initializer_list>
 
+#if GGML_EXT_X86_VARIANTS
+#include <cpuid.h>
+#endif
+
 namespace ggml_ext::cpu {
+
+#if GGML_EXT_X86_VARIANTS
+namespace {
+// F16C from CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports does not know "f16c" (clang 14). The AVX2
+// test beside it covers the operating system's support of the vector registers.
+bool has_f16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && ((ecx >> 29) & 1u);
+}
+}  // namespace
+#endif
 
 Isa best_supported_isa() {
 #if GGML_EXT_X86_VARIANTS
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+  if (GGML_EXT_AVX512_VARIANT && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
       __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi") &&
       __builtin_cpu_supports("fma") &&
@@ -18,7 +33,7 @@ Isa best_supported_isa() {
     return Isa::avx512;
   }
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-      __builtin_cpu_supports("f16c") && __builtin_cpu_supports("bmi2")) {
+      has_f16c() && __builtin_cpu_supports("bmi2")) {
     return Isa::avx2;
   }
 #endif
