@@ -446,7 +446,7 @@ def test_quantized_matmul_every_type(metal, type_name, x_dtype):
                                          ("F32", 530), ("BF16", 521)])
 @pytest.mark.parametrize("M,x_dtype", [(1, "f32"), (4, "f16"), (7, "bf16")])
 def test_decode_rows_steps_and_tails(metal, type_name, K, M, x_dtype):
-    alignments = {"w_align": 2, "x_align": 4} if M == 4 else {}
+    alignments = {"w_line": 2, "x_line": 4} if M == 4 else {}  # address modulo 128: 2- and 4-byte aligned
     got, expected = run_matmul(metal, "qmv_x" + ("1" if M == 1 else "4" if M <= 4 else "8"), type_name, x_dtype,
                                "f32", M=M, N=21, K=K, B2=1, seed=K + M, **alignments)
     assert_close(got, expected, MATMUL_TOL["f32"], f"{type_name} M={M} {x_dtype}")
