@@ -159,9 +159,11 @@ class GGMLSwitchLinear(nn.Module):
     def product(self, x: mx.array, ids: mx.array) -> mx.array:
         """x (T, 1 or n_used, K), ids (T, n_used) -> (T, n_used, N): the expert products, plus the bias."""
         evaluate_ids_on_gpu(ids)
-        y = _ext.mul_mat_id(self.weight, int(self.ggml_type), [self.num_experts, self.output_dims,
-                                                               self.input_dims], x, ids)
-        return y + self["bias"][ids] if "bias" in self else y
+        # Dict items, not attributes, as in GGMLLinear.__call__: called for every expert projection of a token.
+        y = _ext.mul_mat_id(self["weight"], self.ggml_type.value, [self.num_experts, self.output_dims,
+                                                                   self.input_dims], x, ids)
+        bias = self.get("bias")
+        return y if bias is None else y + bias[ids]
 
     def __call__(self, x: mx.array, indices: mx.array, sorted_indices: bool = False) -> mx.array:
         if x.ndim < 2 or x.shape[-2] != 1:

@@ -60,6 +60,5 @@ class GGMLRoPE(nn.Module):
             offset = offset.astype(mx.int32) + mx.arange(L, dtype=mx.int32)
         # The extension's rope directly: the arguments are valid by construction, and ops.rope's checks would
         # cost a few microseconds per call, twice per layer and token.
-        out = _ext.rope(x.reshape(B, H, L, 1, D), offset, self.dims, self._mode, self.base, self.scale, 0.0, 1.0,
-                        32.0, 1.0, 0, None)
+        out = _ext.rope(x.reshape(B, H, L, 1, D), offset, self.dims, self._mode, self.base, self.scale)
         return out.reshape(B, H, L, D)
