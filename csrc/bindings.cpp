@@ -124,15 +124,17 @@ NB_MODULE(_ext, m) {
         [](const mx::array& x, const std::variant<mx::array, int>& positions, int n_dims,
            const std::variant<int, std::string>& mode, float freq_base, float freq_scale, float ext_factor,
            float attn_factor, float beta_fast, float beta_slow, int n_ctx_orig,
-           const std::optional<mx::array>& freq_factors, mx::StreamOrDevice s) {
+           const std::optional<mx::array>& freq_factors, bool heads_first, mx::StreamOrDevice s) {
           RopeParams p{n_dims, std::visit([](const auto& m) { return rope_mode(m); }, mode), freq_base,
-                       freq_scale, ext_factor, attn_factor, beta_fast, beta_slow, n_ctx_orig};
+                       freq_scale, ext_factor, attn_factor, beta_fast, beta_slow, n_ctx_orig, heads_first};
           return std::visit([&](const auto& pos) { return rope(x, pos, p, freq_factors, s); }, positions);
         },
         "x"_a, "positions"_a, "n_dims"_a, "mode"_a = "normal", "freq_base"_a = 10000.0f, "freq_scale"_a = 1.0f,
         "ext_factor"_a = 0.0f, "attn_factor"_a = 1.0f, "beta_fast"_a = 32.0f, "beta_slow"_a = 1.0f,
-        "n_ctx_orig"_a = 0, "freq_factors"_a = nb::none(), nb::kw_only(), "stream"_a = nb::none(),
-        "ggml rope_ext on x (..., T, H, D): positions int32 (T,) or an int offset; mode 'normal'/'neox' or 0/2.");
+        "n_ctx_orig"_a = 0, "freq_factors"_a = nb::none(), nb::kw_only(), "heads_first"_a = false,
+        "stream"_a = nb::none(),
+        "ggml rope_ext on x (..., T, H, D), or (..., H, T, D) with heads_first: positions int32 (T,) or an int\n"
+        "offset; mode 'normal'/'neox' or 0/2.");
 
   m.def("glu",
         [](const mx::array& gate, const std::optional<mx::array>& up, const std::string& kind, mx::StreamOrDevice s) {

@@ -10,6 +10,10 @@ namespace {
 constexpr const char* kOp = "rope";
 constexpr float kPi = 3.14159265358979323846f;
 
+// Where the tokens are: ggml's (..., T, H, D) or MLX's (..., H, T, D).
+int token_axis(const RopeParams& p) { return p.heads_first ? -2 : -3; }
+const char* layout_str(const RopeParams& p) { return p.heads_first ? "(..., H, T, D)" : "(..., T, H, D)"; }
+
 // Builds the primitive's node; the inputs are valid and have grouped shapes that fit.
 mx::array rope_node(const mx::array& x, const mx::array& positions,
                     const std::optional<mx::array>& freq_factors, const RopeParams& p, bool inverse,
@@ -31,8 +35,9 @@ void check_x_and_params(const mx::array& x, const RopeParams& p,
                         const std::optional<mx::array>& freq_factors) {
   check_float_dtype(x, kOp, "x");
   if (x.ndim() < 3) {
-    throw std::invalid_argument(cat("[", kOp, "] x must have at least 3 dimensions (..., T, H, D) ",
-                                    "(ggml's layout), got shape ", shape_str(x.shape()), "."));
+    throw std::invalid_argument(cat("[", kOp, "] x must have at least 3 dimensions ", layout_str(p),
+                                    p.heads_first ? " (heads_first)" : " (ggml's layout)", ", got shape ",
+                                    shape_str(x.shape()), "."));
   }
   const int dim = x.shape(-1);
   if (dim % 2 != 0) {
@@ -76,13 +81,15 @@ void check_node_shapes(const std::vector<mx::array>& inputs, const RopeParams& p
   };
   if (x.ndim() < 3 || x.shape(-1) % 2 != 0 || x.shape(-1) < p.n_dims) {
     throw std::invalid_argument(cat("[", kOp, "] x of shape ", shape_str(x.shape()),
-                                    " does not fit n_dims = ", p.n_dims, " (..., T, H, D with D even and >= n_dims)."));
+                                    " does not fit n_dims = ", p.n_dims, " (", layout_str(p),
+                                    " with D even and >= n_dims)."));
   }
-  if (!fits(inputs[1], x.shape(-3))) {
+  if (!fits(inputs[1], x.shape(token_axis(p)))) {
     throw std::invalid_argument(cat("[", kOp, "] positions of shape ", shape_str(inputs[1].shape()),
-                                    " do not match x of shape ", shape_str(x.shape()), ": expected (T,) = (",
-                                    x.shape(-3), ",). Under mx.compile(shapeless=True), positions made from an "
-                                    "int offset keep the traced length: pass positions as an array."));
+                                    " do not match x of shape ", shape_str(x.shape()), " ", layout_str(p),
+                                    ": expected (T,) = (", x.shape(token_axis(p)), ",). Under mx.compile(shapeless=True), ",
+                                    "positions made from an int offset keep the traced length: pass positions as an ",
+                                    "array."));
   }
   if (inputs.size() > 2 && !fits(inputs[2], p.n_dims / 2)) {
     throw std::invalid_argument(cat("[", kOp, "] freq_factors of shape ", shape_str(inputs[2].shape()),
@@ -92,7 +99,7 @@ void check_node_shapes(const std::vector<mx::array>& inputs, const RopeParams& p
 
 // ---------------------------------------------------------------------------
 // Composed float32 math for the derivatives with respect to freq_factors. Inside the
-// primitive x is (L..., T, H, D), positions (Gp..., T) and freq_factors (Gf..., n/2).
+// primitive x is (L..., T, H, D) (or (L..., H, T, D)), positions (Gp..., T) and freq_factors (Gf..., n/2).
 
 // a (G..., n) reshaped to (G..., 1, ..., 1, tail...) with `lead` axes before the tail.
 mx::array with_group_prefix(const mx::array& a, int lead, const mx::Shape& tail, mx::StreamOrDevice s) {
@@ -132,9 +139,10 @@ mx::array join_pairs(const mx::array& first, const mx::array& second, int dim, c
 }
 
 // d angle / d freq_factors for every (token, pair), broadcastable against
-// (L..., T, H, n_dims/2). The angle is theta/ff * k with k = freq_scale*(1-r) + r, so
-// its derivative is -theta*k/ff^2. theta = pos * theta_scale^i uses pow rather than
-// ggml's iterated product: a derivative needs no bit-matching.
+// (L..., T, H, n_dims/2) (or (L..., H, T, n_dims/2) with heads_first). The angle is
+// theta/ff * k with k = freq_scale*(1-r) + r, so its derivative is -theta*k/ff^2.
+// theta = pos * theta_scale^i uses pow rather than ggml's iterated product: a
+// derivative needs no bit-matching.
 mx::array angle_wrt_factors(const mx::array& positions, const mx::array& freq_factors, int lead,
                             const RopeParams& p, mx::StreamOrDevice s) {
   const int half = p.n_dims / 2;
@@ -147,7 +155,9 @@ mx::array angle_wrt_factors(const mx::array& positions, const mx::array& freq_fa
   }
   auto per_pair = mx::multiply(mx::power(mx::array(angles.theta_scale), mx::arange(half, mx::float32, s), s),
                                mx::array(k.data(), {half}, mx::float32), s);
-  auto pos = with_group_prefix(mx::astype(positions, mx::float32, s), lead, {positions.shape(-1), 1, 1}, s);
+  const int tokens = positions.shape(-1);
+  const mx::Shape pos_tail = p.heads_first ? mx::Shape{1, tokens, 1} : mx::Shape{tokens, 1, 1};
+  auto pos = with_group_prefix(mx::astype(positions, mx::float32, s), lead, pos_tail, s);
   auto ff = with_group_prefix(freq_factors, lead, {1, 1, half}, s);
   return mx::negative(mx::divide(mx::multiply(pos, per_pair, s), mx::square(ff, s), s), s);
 }
@@ -197,7 +207,8 @@ ggml_ext::cpu::RopeAngles rope_angles(const RopeParams& p, bool inverse) {
 
 RopeExtent rope_extent(const std::vector<mx::array>& inputs, const RopeParams& p) {
   const auto& x = inputs[0];
-  const int64_t dim = x.shape(-1), heads = x.shape(-2), tokens = x.shape(-3);
+  // heads_first: each head is a batch of one head; the batches of one row of positions are its heads.
+  const int64_t dim = x.shape(-1), heads = p.heads_first ? 1 : x.shape(-2), tokens = x.shape(token_axis(p));
   const int64_t batches = static_cast<int64_t>(x.size()) / (tokens * heads * dim);
   const int64_t positions_rows = static_cast<int64_t>(inputs[1].size()) / tokens;
   const int64_t factors_rows = inputs.size() > 2 ? static_cast<int64_t>(inputs[2].size()) / (p.n_dims / 2) : 1;
@@ -230,9 +241,10 @@ mx::array rope(const mx::array& x, const mx::array& positions, const RopeParams&
   if (positions.dtype() != mx::int32) {
     throw type_error(cat("[", kOp, "] positions must be int32, got ", dtype_str(positions.dtype()), "."));
   }
-  if (positions.ndim() != 1 || positions.shape(0) != x.shape(-3)) {
-    throw std::invalid_argument(cat("[", kOp, "] positions must have shape (T,) = (", x.shape(-3),
-                                    ",) for x of shape ", shape_str(x.shape()), " (..., T, H, D), got ",
+  const int tokens = x.shape(token_axis(params));
+  if (positions.ndim() != 1 || positions.shape(0) != tokens) {
+    throw std::invalid_argument(cat("[", kOp, "] positions must have shape (T,) = (", tokens, ",) for x of shape ",
+                                    shape_str(x.shape()), " ", layout_str(params), ", got ",
                                     shape_str(positions.shape()), "."));
   }
   return rope_node(x, positions, freq_factors, params, false, s);
@@ -241,7 +253,7 @@ mx::array rope(const mx::array& x, const mx::array& positions, const RopeParams&
 mx::array rope(const mx::array& x, int offset, const RopeParams& params,
                const std::optional<mx::array>& freq_factors, mx::StreamOrDevice s) {
   check_x_and_params(x, params, freq_factors);
-  const int tokens = x.shape(-3);
+  const int tokens = x.shape(token_axis(params));
   if (static_cast<int64_t>(offset) + tokens - 1 > std::numeric_limits<int32_t>::max()) {
     throw std::invalid_argument(cat("[", kOp, "] offset ", offset, " + T (", tokens, ") overflows int32 positions."));
   }

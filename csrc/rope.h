@@ -1,4 +1,5 @@
-// ggml's rope_ext: rotary position embedding in ggml's layout, x of shape (..., T, H, D).
+// ggml's rope_ext: rotary position embedding in ggml's layout, x of shape (..., T, H, D), or in MLX's attention
+// layout (..., H, T, D) (RopeParams::heads_first), which mlx-lm's models hand over without a reshape.
 #pragma once
 #include <optional>
 #include <string>
@@ -25,10 +26,14 @@ struct RopeParams {
   float beta_fast = 32.0f;
   float beta_slow = 1.0f;
   int n_ctx_orig = 0;
+  // x is (..., H, T, D): every head a batch of its own that shares the tokens' positions (no reshape nodes
+  // around the op in mlx-lm's attention).
+  bool heads_first = false;
   bool operator==(const RopeParams&) const = default;
 };
 
-// positions: int32 (T,) for x (..., T, H, D); freq_factors: float32 (n_dims/2,) or None.
+// positions: int32 (T,) for x (..., T, H, D) (or (..., H, T, D) with heads_first); freq_factors: float32
+// (n_dims/2,) or None.
 mx::array rope(const mx::array& x, const mx::array& positions, const RopeParams& params,
                const std::optional<mx::array>& freq_factors, mx::StreamOrDevice s = {});
 // positions = offset + arange(T)
@@ -48,8 +53,8 @@ struct RopeExtent {
 };
 RopeExtent rope_extent(const std::vector<mx::array>& inputs, const RopeParams& p);
 
-// Inputs: x (L..., T, H, D), positions (Gp..., T) int32 and optionally freq_factors
-// (Gf..., n_dims/2) float32, where Gp and Gf are leading prefixes of L (the public op
+// Inputs: x (L..., T, H, D) (or (L..., H, T, D) with heads_first), positions (Gp..., T) int32 and optionally
+// freq_factors (Gf..., n_dims/2) float32, where Gp and Gf are leading prefixes of L (the public op
 // has none; vmap over positions or freq_factors adds them): batch index l uses the
 // positions and freq_factors rows under its prefix. `inverse` rotates by minus the
 // angle: the transpose of the rotation, which is the vjp.

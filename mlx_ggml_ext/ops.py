@@ -58,12 +58,14 @@ def rms_norm(x: mx.array, weight: Optional[mx.array] = None, eps: float = 1e-6, 
 def rope(x: mx.array, positions: Union[mx.array, int], n_dims: int, mode: Union[str, int] = "normal",
          freq_base: float = 10000.0, freq_scale: float = 1.0, ext_factor: float = 0.0, attn_factor: float = 1.0,
          beta_fast: float = 32.0, beta_slow: float = 1.0, n_ctx_orig: int = 0,
-         freq_factors: Optional[mx.array] = None, *, stream: Stream = None) -> mx.array:
+         freq_factors: Optional[mx.array] = None, *, heads_first: bool = False, stream: Stream = None) -> mx.array:
     """ggml's ``rope_ext`` (rotary position embedding) in ggml's layout.
 
     ``x``: float32/float16/bfloat16 of shape ``(..., T, H, D)`` (tokens, heads, head
-    dim; at least 3 dimensions, D even). ``positions``: int32 ``(T,)`` with any values,
-    or an int offset for ``offset + arange(T)``. The first ``n_dims`` (even, <= D)
+    dim; at least 3 dimensions, D even); with ``heads_first=True``, ``(..., H, T, D)``,
+    MLX's attention layout (``mx.fast.rope``'s), the same math without a transpose.
+    ``positions``: int32 ``(T,)`` with any values, or an int offset for
+    ``offset + arange(T)``. The first ``n_dims`` (even, <= D)
     elements of each head are rotated, the rest copied. ``mode``: ``"normal"`` (ggml 0,
     pairs (2i, 2i+1)) or ``"neox"`` (ggml 2, pairs (i, i + n_dims/2)); the multi-section
     modes ``"mrope"``/``"vision"``/``"imrope"`` (8/24/40) raise NotImplementedError.
@@ -90,9 +92,11 @@ def rope(x: mx.array, positions: Union[mx.array, int], n_dims: int, mode: Union[
         _require_float(name, value)
     _require_int("n_ctx_orig", n_ctx_orig)
     _require_array("freq_factors", freq_factors, optional=True)
+    if not isinstance(heads_first, bool):
+        raise TypeError(f"heads_first must be a bool, got {type(heads_first).__name__}")
     return _ext.rope(x, positions, int(n_dims), mode if isinstance(mode, str) else int(mode), float(freq_base),
                      float(freq_scale), float(ext_factor), float(attn_factor), float(beta_fast), float(beta_slow),
-                     int(n_ctx_orig), freq_factors, stream=stream)
+                     int(n_ctx_orig), freq_factors, heads_first=heads_first, stream=stream)
 
 
 def dequantize(data: mx.array, ggml_type, shape, dtype: mx.Dtype = mx.float32, *,

@@ -317,6 +317,44 @@ def test_bfloat16_grad_dtype():
     assert g.dtype == mx.bfloat16
 
 
+# ----------------------------------------------------------------------------- heads_first (MLX's layout)
+
+@pytest.mark.parametrize("mode", MODES)
+def test_heads_first_layout(mode):
+    """x (B, H, T, D) with heads_first: the reference on x's (B, T, H, D) view, YaRN and freq_factors included;
+    both derivatives (freq_factors' too, whose broadcast follows the layout) equal the ggml layout's."""
+    rng = np.random.default_rng(44)
+    x = random_array(rng, (2, 3, 5, 16), mx.float32)
+    positions, factors = random_positions(rng, 5), random_factors(rng, 12)
+    kw = dict(ext_factor=0.5, freq_scale=0.5, **YARN)
+    f = lambda a, ff: ops.rope(a, mx.array(positions), 12, mode, freq_factors=ff, heads_first=True, **kw)
+    g = lambda a, ff: ops.rope(a.transpose(0, 2, 1, 3), mx.array(positions), 12, mode, freq_factors=ff,
+                               **kw).transpose(0, 2, 1, 3)
+    expected = reference.rope(to_numpy(x).transpose(0, 2, 1, 3), positions, 12, mode, freq_factors=factors,
+                              **kw).transpose(0, 2, 1, 3)
+    ff = mx.array(factors)
+    assert_close(f(x, ff), expected, "rope", mx.float32)
+    cot = random_array(rng, x.shape, mx.float32)
+    (_, (vx, vf)), (_, (wx, wf)) = mx.vjp(f, [x, ff], [cot]), mx.vjp(g, [x, ff], [cot])
+    np.testing.assert_allclose(np.array(vx), np.array(wx), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(np.array(vf), np.array(wf), rtol=1e-5, atol=1e-5)
+    tf = mx.array(rng.standard_normal(6).astype(np.float32))
+    (_, (jf,)), (_, (kf,)) = mx.jvp(f, [x, ff], [cot, tf]), mx.jvp(g, [x, ff], [cot, tf])
+    np.testing.assert_allclose(np.array(jf), np.array(kf), rtol=1e-5, atol=1e-5)
+    # vmap with positions batched per sequence, and an int offset
+    pos = np.stack([random_positions(rng, 5) for _ in range(2)])
+    y = mx.vmap(lambda a, p: ops.rope(a, p, 12, mode, heads_first=True))(x, mx.array(pos))
+    xn = to_numpy(x)
+    assert_close(y, np.stack([reference.rope(xn[i].transpose(1, 0, 2), pos[i], 12, mode).transpose(1, 0, 2)
+                              for i in range(2)]), "rope", mx.float32)
+    np.testing.assert_array_equal(np.array(ops.rope(x, 7, 12, mode, heads_first=True)),
+                                  np.array(ops.rope(x.transpose(0, 2, 1, 3), 7, 12, mode).transpose(0, 2, 1, 3)))
+    with pytest.raises(ValueError, match=r"positions must have shape \(T,\) = \(5,\).*\(\.\.\., H, T, D\)"):
+        ops.rope(x, mx.arange(3, dtype=mx.int32), 12, mode, heads_first=True)
+    with pytest.raises(TypeError, match="heads_first must be a bool"):
+        ops.rope(x, 0, 12, mode, heads_first=1)
+
+
 # ----------------------------------------------------------------------------- vmap / compile
 
 @pytest.mark.parametrize("in_axis", [0, 1, 2, 3])

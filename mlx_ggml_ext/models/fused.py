@@ -27,7 +27,7 @@ from mlx_lm.models import base as _mlx_lm_base
 
 from .. import _ext, ops
 from ..nn import GGMLSwitchGLU
-from .rope import GGMLRoPE
+from .rope import GGMLRoPE, sharing_positions
 
 _mlx_lm_attention = _mlx_lm_base.scaled_dot_product_attention
 _active = threading.local()
@@ -96,13 +96,15 @@ def use_fused_ops(model: nn.Module, architecture: str, mlx_lm_module: str) -> No
 
 
 def fused_ops_model(model_class):
-    """The class whose calls let `_dispatching_attention` take the package's attention kernel."""
+    """The class whose calls let `_dispatching_attention` take the package's attention kernel and the layers'
+    GGMLRoPEs share their positions."""
     class FusedOpsModel(model_class):
         def __call__(self, *args, **kwargs):
             previous = getattr(_active, "on", False)
             _active.on = True
             try:
-                return super().__call__(*args, **kwargs)
+                with sharing_positions():  # one positions array for every layer's rope
+                    return super().__call__(*args, **kwargs)
             finally:
                 _active.on = previous
     FusedOpsModel.__name__ = model_class.__name__

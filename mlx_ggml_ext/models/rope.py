@@ -6,6 +6,9 @@ period (base ** (2i / dims)) instead of a base, so the factor multiplies the per
 
 from __future__ import annotations
 
+import contextlib
+import threading
+
 import mlx.core as mx
 import mlx.nn as nn
 
@@ -31,11 +34,27 @@ class FactorRoPE(nn.Module):
                             freqs=self._periods)
 
 
+# Positions shared by the layers of one forward pass (a dict while `sharing_positions` is active on this thread).
+# Scoped to the pass, never kept: under mx.compile the arrays are the trace's own.
+_forward = threading.local()
+
+
+@contextlib.contextmanager
+def sharing_positions():
+    previous = getattr(_forward, "positions", None)
+    _forward.positions = {}
+    try:
+        yield
+    finally:
+        _forward.positions = previous
+
+
 class GGMLRoPE(nn.Module):
     """MLX's `nn.RoPE` computed by the package's `ops.rope` on the CPU and by `mx.fast.rope` elsewhere. On the
-    CPU ops.rope takes about half mx.fast.rope's time for a decode token's queries (measured), and the offset
-    becomes one arange node. mlx-lm's x is (B, heads, L, D); ggml's layout is (..., tokens, heads, D), so x is
-    viewed as (B, heads, L, 1, D): a reshape, no copy. `scale` multiplies positions (ggml's freq_scale)."""
+    CPU ops.rope takes about half mx.fast.rope's time for a decode token's queries (measured). mlx-lm's x is
+    (B, heads, L, D), which ops.rope takes as it is (heads_first: no reshape nodes), and every layer of a token
+    shares one positions array (one arange node per token, not two per layer). `scale` multiplies positions
+    (ggml's freq_scale)."""
 
     def __init__(self, rope: nn.RoPE):
         super().__init__()
@@ -50,15 +69,28 @@ class GGMLRoPE(nn.Module):
         return mx.fast.rope(x, self.dims, traditional=self.traditional, base=self.base, scale=self.scale,
                             offset=offset)
 
+    @staticmethod
+    def _positions(offset: int, length: int) -> mx.array:
+        shared = getattr(_forward, "positions", None)
+        if shared is None:  # outside a model's forward pass: nothing to share
+            return mx.arange(offset, offset + length, dtype=mx.int32)
+        positions = shared.get((offset, length))
+        if positions is None:
+            positions = shared[(offset, length)] = mx.arange(offset, offset + length, dtype=mx.int32)
+        return positions
+
     def __call__(self, x: mx.array, offset=0) -> mx.array:
         if mx.default_device() != mx.cpu or x.ndim != 4:
             return self._mlx(x, offset)
-        B, H, L, D = x.shape
+        length = x.shape[2]
         if isinstance(offset, mx.array):
             if offset.ndim != 0:  # per-sequence offsets of a batched cache
                 return self._mlx(x, offset)
-            offset = offset.astype(mx.int32) + mx.arange(L, dtype=mx.int32)
+            positions = offset.astype(mx.int32) + mx.arange(length, dtype=mx.int32)
+        elif 0 <= offset and offset + length < 2**31:
+            positions = self._positions(int(offset), length)
+        else:
+            positions = offset  # the op checks and builds what does not fit int32
         # The extension's rope directly: the arguments are valid by construction, and ops.rope's checks would
         # cost a few microseconds per call, twice per layer and token.
-        out = _ext.rope(x.reshape(B, H, L, 1, D), offset, self.dims, self._mode, self.base, self.scale)
-        return out.reshape(B, H, L, D)
+        return _ext.rope(x, positions, self.dims, self._mode, self.base, self.scale, heads_first=True)
