@@ -6,7 +6,7 @@ op is so small that its kernel is negligible: a dependent chain of `--chain` pro
 vector with a D x D weight (D = 256 by default: 32-72 KB of weight), one evaluation per chain, so the wall
 time per op is the host's cost per op (or the launch latency, whichever is larger), and the process's CPU
 time per op is what the host threads spent. Contenders, alternated within each round: our quantized_matmul on
-Q4_0 blocks, MLX's `mx.quantized_matmul` (affine 4-bit, group 64: what mlx-lm's `nn.quantize` makes) and
+the blocks of each of `--types` (Q4_0 by default), MLX's `mx.quantized_matmul` (affine 4-bit, group 64: what mlx-lm's `nn.quantize` makes) and
 MLX's float16 matmul, plus our rms_norm against `mx.fast.rms_norm` (the smallest op of a layer)."""
 
 import argparse
@@ -35,6 +35,8 @@ def main():
     p.add_argument("--dim", type=int, default=256)
     p.add_argument("--chain", type=int, default=256, help="dependent ops per evaluated graph")
     p.add_argument("--rounds", type=int, default=15)
+    p.add_argument("--types", default="Q4_0", help="our block types to time (e.g. Q4_0,Q4_K,Q6_K,Q8_0: the "
+                   "decode route, and so the kernel nodes per product, differ by type)")
     args = p.parse_args()
     header()
     d = args.dim
@@ -42,18 +44,19 @@ def main():
     w = mx.array(rng.standard_normal((d, d)).astype(np.float32) * (1.0 / np.sqrt(d)))
     dtype = mx.float32 if mx.default_device() == mx.cpu else mx.float16
     w16 = w.astype(dtype)
-    blocks = ops.quantize(w, GGMLType.Q4_0, stream=mx.cpu)
+    types = [GGMLType[t.strip().upper()] for t in args.types.split(",") if t.strip()]
+    blocks = {t: ops.quantize(w, t, stream=mx.cpu) for t in types}
     affine = mx.quantize(w16, group_size=64, bits=4)
     norm_w = mx.ones((d,), dtype=dtype)
     y0 = mx.array(rng.standard_normal((1, d)).astype(np.float32)).astype(dtype)
-    mx.eval(w16, blocks, affine, norm_w, y0)
-    contenders = {
-        "ours_q4_0": lambda y: ops.quantized_matmul(y, blocks, GGMLType.Q4_0),
+    mx.eval(w16, list(blocks.values()), affine, norm_w, y0)
+    contenders = {f"ours_{t.name.lower()}": (lambda y, t=t: ops.quantized_matmul(y, blocks[t], t)) for t in types}
+    contenders.update({
         "mlx_affine4": lambda y: mx.quantized_matmul(y, *affine, transpose=True, group_size=64, bits=4),
         "mlx_matmul": lambda y: y @ w16.T,
         "ours_rms_norm": lambda y: ops.rms_norm(y, norm_w, 1e-6),
         "mlx_fast_rms_norm": lambda y: mx.fast.rms_norm(y, norm_w, 1e-6),
-    }
+    })
     samples = {k: [] for k in contenders}
     for r in range(args.rounds + 2):  # two warm-up rounds, dropped
         for name, step in contenders.items():
