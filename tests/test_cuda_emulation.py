@@ -370,9 +370,11 @@ def test_quantized_matmul_broadcasting(kernels, t, m, transpose):
 # Held to the rule of the GPU suite (tests/test_matmul.py): NMSE against exact math at most 1.1 times that of
 # ggml's own CPU scheme (emulated below) and at most 2e-4. Float weights keep the float kernel (rounding only).
 
-# The decoded types (IQ grids, ternary: reference.GGUF_DECODED) have no integer-dot format: at m <= 8 they take
-# the tiled kernels, which the tests above run on them (test_quantized_matmul_float32, _half_inputs).
-QUANT_TYPES = [t for t in GGMLType if not t.is_float and t.name not in reference.GGUF_DECODED]
+# Every quantized type, the decoded ones (IQ grids, ternary: reference.GGUF_DECODED, kernels/cuda/decode_formats_iq.cuh)
+# included; those take __dp4a at every m <= 8 (no tensor-core fragments), so their cases are fewer.
+QUANT_TYPES = [t for t in GGMLType if not t.is_float]
+DECODE_CASES = [(t, x, m) for t in QUANT_TYPES for x in (F32, F16, BF16) for m in (1, 3, 8)
+                if t.name not in reference.GGUF_DECODED or (x, m) in ((F32, 1), (F16, 8), (BF16, 3))]
 FLOAT_WEIGHTS = [t for t in GGMLType if t.is_float]
 
 
@@ -436,9 +438,8 @@ def decode_ks(t: GGMLType):
     return ks
 
 
-@pytest.mark.parametrize("m", [1, 3, 8])
-@pytest.mark.parametrize("x_type", [F32, F16, BF16], ids=["f32", "f16", "bf16"])
-@pytest.mark.parametrize("t", QUANT_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("t, x_type, m", DECODE_CASES,
+                         ids=[f"{t.name}-{['f32', 'f16', 'bf16'][x]}-{m}" for t, x, m in DECODE_CASES])
 def test_decode_no_less_accurate_than_ggml(kernels, t, x_type, m):
     """The ratio to ggml's scheme on float32 outputs (a float16/bfloat16 output's own rounding would decide
     ties between two equally good results); x's own type as the output: within the GPU suite's 2e-4."""

@@ -45,6 +45,7 @@
 #endif
 
 #include "kernels/cuda/decode_formats.cuh"
+#include "kernels/cuda/decode_formats_iq.cuh"
 #include "kernels/cuda/matmul_common.cuh"
 #include "kernels/cuda/matmul_decode_dp4a.cuh"
 #include "kernels/cuda/matmul_decode_float.cuh"
@@ -176,7 +177,7 @@ bool set_dot_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
     l.block = dim3(warps_per_block<MB>() * 32);
     return false;
   }
-  if constexpr (MB > 1) {
+  if constexpr (MB > 1 && decode::has_fragments<F>()) {  // the grid and ternary formats: __dp4a only
     const bool staged = staged_fits<F>(a);
     const bool tensor_cores = a.m >= fragment_min_m<F>(a.n <= kFewRows, staged) || tuning_variant("frag");
     if ((staged || !F::kPerHalf) && tensor_cores && !tuning_variant("dp4a")) {
@@ -419,10 +420,20 @@ bool set_shared_x_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
   return false;
 }
 
+// set_shared_x_step where the format has tensor-core fragments (the staged kernel's products), else none.
+template <class F, typename T>
+bool set_fragment_shared_x_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
+  if constexpr (decode::has_fragments<F>()) {
+    return set_shared_x_step<F, T>(l, a);
+  } else {
+    return false;
+  }
+}
+
 template <typename T, class F>
 QuantizedMatmulPlan dot_plan(const QuantizedMatmulArgs& a) {
   QuantizedMatmulPlan p;
-  if (set_shared_x_step<F, T>(p.steps[0], a) || set_fused_step<F, T>(p.steps[0], a)) return p;
+  if (set_fragment_shared_x_step<F, T>(p.steps[0], a) || set_fused_step<F, T>(p.steps[0], a)) return p;
   KernelLaunch& q = p.steps[0];
   KernelLaunch& d = p.steps[1];
   bool by_block;
@@ -443,14 +454,15 @@ QuantizedMatmulPlan dot_plan(const QuantizedMatmulArgs& a) {
   return p;
 }
 
-// The integer-dot format of a ggml type id (nullptr_t: none). The decoded types (IQ grids, ternary) have none:
-// they take the tiled kernels with their reference decoders (quantized_matmul_plan falls back to tiles_plan).
+// The integer-dot format of a ggml type id (nullptr_t: none): every quantized type, the decoded ones (IQ grids,
+// ternary: decode_formats_iq.cuh) included.
 template <typename Make>
 QuantizedMatmulPlan with_format(int type, Make&& make) {
   switch (type) {
 #define GGML_EXT_FORMAT_CASE(NAME, name, id, qk, bytes) \
   case GGML_EXT_TYPE_##NAME: return make(decode::Fmt##NAME{});
     GGML_EXT_FOR_EACH_LAYOUT_QUANT_TYPE(GGML_EXT_FORMAT_CASE)
+    GGML_EXT_FOR_EACH_DECODED_QUANT_TYPE(GGML_EXT_FORMAT_CASE)
 #undef GGML_EXT_FORMAT_CASE
     default: return {};
   }
