@@ -17,8 +17,8 @@ those of llama.cpp's `llama_tokenize(vocab, text, add_special=True, parse_specia
   `tokenizer.ggml.pre` names: the Llama 3 family ("llama-bpe", "llama3", ...; whole words that
   are in the vocabulary skip the merges, as llama.cpp's `ignore_merges`), the Qwen2 family
   ("qwen2", ...: one token per digit), GPT-2 ("gpt-2", "mpt", "olmo", ...), SmolLM / StarCoder
-  ("smollm", "starcoder", ...: GPT-2's split after one split per digit) and "default" (what
-  llama.cpp uses for a missing or "default" name). Other names raise NotImplementedError.
+  ("smollm", "starcoder", ...: GPT-2's split after one split per digit), GPT-4o ("gpt-4o", "llama4", ...:
+  gpt-oss's and Llama 4's) and "default" (what llama.cpp uses for a missing or "default" name). Other names raise NotImplementedError.
 
 Special tokens: every token the file types CONTROL, USER_DEFINED or UNKNOWN is matched whole in
 the text before anything else, as llama.cpp does with `parse_special=True` (its `llama-tokenize`
@@ -64,6 +64,15 @@ _QWEN2_SPLIT = (
     _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# GPT-4o's (o200k) splitting as llama.cpp runs it: a word is a run of letters that are not a-z, then letters
+# that are not A-Z (or the reverse), so "CamelCase" splits before each capital, with an optional contraction;
+# digits in threes; punctuation may take a following "/" or line break.
+_GPT4O_WORD_TAIL = r"(?:" + _CONTRACTIONS + r")?"
+_GPT4O_SPLIT = (
+    r"[^\r\n\p{L}\p{N}]?(?:(?=\p{L})[^a-z])*(?:(?=\p{L})[^A-Z])+" + _GPT4O_WORD_TAIL +
+    r"|[^\r\n\p{L}\p{N}]?(?:(?=\p{L})[^a-z])+(?:(?=\p{L})[^A-Z])*" + _GPT4O_WORD_TAIL +
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 _GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 _GPT2_SPLIT_NO_TAIL = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
 
@@ -79,6 +88,7 @@ _LLAMA3 = _PreTokenizer((_LLAMA3_SPLIT,), ignore_merges=True, add_bos=True)
 _LLAMA3_REGEX_ONLY = _PreTokenizer((_LLAMA3_SPLIT,))
 _QWEN2 = _PreTokenizer((_QWEN2_SPLIT,))
 _GPT2 = _PreTokenizer((_GPT2_SPLIT,))
+_GPT4O = _PreTokenizer((_GPT4O_SPLIT,))
 _SMOLLM = _PreTokenizer((r"\p{N}", _GPT2_SPLIT))
 _DEFAULT = _PreTokenizer((r"[\p{P}$+<=>^~|]+", _GPT2_SPLIT_NO_TAIL, r"\p{N}+", "[0-9][0-9][0-9]"))
 
@@ -89,6 +99,7 @@ _PRE_TOKENIZERS = {
     **dict.fromkeys(("dbrx", "smaug-bpe"), _LLAMA3_REGEX_ONLY),
     **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "megrez", "stablelm2"), _QWEN2),
     **dict.fromkeys(("gpt-2", "phi-2", "mpt", "olmo"), _GPT2),
+    **dict.fromkeys(("gpt-4o", "llama4", "kanana2", "talkie"), _GPT4O),
     **dict.fromkeys(("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b"),
                     _SMOLLM),
     "default": _DEFAULT,

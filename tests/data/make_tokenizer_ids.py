@@ -2,6 +2,7 @@
 
     python tests/data/make_tokenizer_ids.py --llama-bin /path/to/llama.cpp/build/bin [--retrain]
     python tests/data/make_tokenizer_ids.py --helper ./llama_tokenize_ids --llama-version "..."
+    python tests/data/make_tokenizer_ids.py --llama-bin BIN --only tiny-bpe-gpt-4o   # one vocabulary
 
 For every vocabulary below it runs llama.cpp's own tokenizer on each text and stores the ids with
 the llama.cpp version that produced them: `llama-tokenize -m FILE --ids --log-disable --no-escape
@@ -62,7 +63,12 @@ COMMON_TEXTS = [
 ]
 CHAT_TEXTS = {
     "bpe": ["<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n",
-            "<|begin_of_text|>twice<|begin_of_text|>", "text <think>inside</think> more"],
+            "<|begin_of_text|>twice<|begin_of_text|>", "text <think>inside</think> more",
+            # where the pre-tokenizers part ways: case changes inside words, "/" after punctuation, capital
+            # contractions, long digit runs
+            "CamelCaseWord HTTPServer iPhone McDonald's ÉCOLE École",
+            "path/to/file.txt, ./run.sh //comment -->/ \"quoted\"/\n",
+            "THEY'LL We'Re you'D it'S 1234567 0.5 12/31", "zQ zQzQ xzQ it's don'T"],
     "spm": ["<start_of_turn>user\nHi there<end_of_turn>\n<start_of_turn>model\n", "<s>bos in text</s>",
             "<start_of_turn> space after"],
     "gemma3": ["<start_of_turn>user\nHi there<end_of_turn>\n<start_of_turn>model\n", "<bos>bos in text<eos>",
@@ -113,13 +119,38 @@ def retrain():
     tv.write_vocab_gguf(os.path.join(HERE, "tiny-spm.gguf"), model="llama", tokens=tokens, types=types,
                         scores=scores, bos=1, eos=2, unk=0, add_bos=True, add_eos=False, add_space_prefix=True,
                         name="tiny SentencePiece BPE")
-    tokens, types, merges = tv.train_tiny_bpe()
+    write_tiny_bpe(*tv.train_tiny_bpe(), tv.TINY_BPE_PRES)
+
+
+# Merges appended to one name's copy of the tiny vocabulary, across the places where its splitting differs from
+# the others' (GPT-4o: a lowercase letter before a capital ends a word; a contraction stays on its word), so
+# that a wrong split shows in the ids ("zQ", "it'S" in the "bpe" texts).
+EXTRA_MERGES = {"gpt-4o": ["z Q", "t '"]}
+
+
+def write_tiny_bpe(tokens, types, merges, pres):
+    """The one tiny byte-level BPE vocabulary as tiny-bpe-<pre>.gguf for each pre-tokenizer name."""
     ids = {t: i for i, t in enumerate(tokens)}
-    for pre in tv.TINY_BPE_PRES:
-        tv.write_vocab_gguf(os.path.join(HERE, f"tiny-bpe-{pre}.gguf"), model="gpt2", pre=pre, tokens=tokens,
-                            types=types, merges=merges, bos=ids["<|begin_of_text|>"], eos=ids["<|end_of_text|>"],
+    for pre in pres:
+        extra = EXTRA_MERGES.get(pre, [])
+        tv.write_vocab_gguf(os.path.join(HERE, f"tiny-bpe-{pre}.gguf"), model="gpt2", pre=pre,
+                            tokens=list(tokens) + [m.replace(" ", "") for m in extra],
+                            types=list(types) + [1] * len(extra), merges=list(merges) + extra,
+                            bos=ids["<|begin_of_text|>"], eos=ids["<|end_of_text|>"],
                             add_bos=pre == "llama-bpe", chat_template=tv.TINY_CHAT_TEMPLATE,
                             name=f"tiny byte-level BPE ({pre})")
+
+
+def add_missing_tiny_bpe():
+    """Writes the tiny-bpe files of names added to TINY_BPE_PRES since the last --retrain, from the committed
+    vocabulary (read with the gguf package), so the other files and their ids stay as they are."""
+    import gguf
+
+    missing = [p for p in tv.TINY_BPE_PRES if not os.path.exists(os.path.join(HERE, f"tiny-bpe-{p}.gguf"))]
+    if missing:
+        fields = gguf.GGUFReader(os.path.join(HERE, f"tiny-bpe-{tv.TINY_BPE_PRES[0]}.gguf")).fields
+        write_tiny_bpe(*(fields[f"tokenizer.ggml.{k}"].contents() for k in ("tokens", "token_type", "merges")),
+                       missing)
 
 
 def llama_tokenize(command, gguf_path, text):
@@ -142,9 +173,11 @@ def main():
     ap.add_argument("--helper", help="llama_tokenize_ids compiled against libllama (instead of llama-tokenize)")
     ap.add_argument("--llama-version", help="the llama.cpp version to record (with --helper)")
     ap.add_argument("--retrain", action="store_true", help="retrain and rewrite the committed tiny vocabularies")
+    ap.add_argument("--only", help="comma-separated vocabulary names to (re)compute; the others keep their ids")
     args = ap.parse_args()
     if args.retrain:
         retrain()
+    add_missing_tiny_bpe()
     if args.helper:
         def command(path):
             return [args.helper, path]
@@ -161,19 +194,23 @@ def main():
                "add_special = the vocabulary's add_bos: the tool's defaults)")
     else:
         ap.error("give --llama-bin or --helper")
-    result = {
-        "produced_by": {
-            "llama_cpp": version,
-            "command": how,
-            "script": "tests/data/make_tokenizer_ids.py",
-        },
-        "vocabularies": {},
-    }
+    produced_by = {"llama_cpp": version, "command": how, "script": "tests/data/make_tokenizer_ids.py"}
+    result = {"produced_by": produced_by, "vocabularies": {}}
+    only = set(args.only.split(",")) if args.only else None
+    if only:  # keep the other vocabularies' ids, with what produced them
+        with open(IDS_FILE, encoding="utf-8") as f:
+            result = json.load(f)
+        for entry in result["vocabularies"].values():
+            entry.setdefault("produced_by", result["produced_by"])
     with tempfile.TemporaryDirectory() as tmp:
         for name, (path, kind, origin) in vocabularies(tmp).items():
+            if only and name not in only:
+                continue
             texts = COMMON_TEXTS + CHAT_TEXTS[kind]
             cases = [{"text": t, "ids": llama_tokenize(command, path, t)} for t in texts]
             result["vocabularies"][name] = {"file": origin, "cases": cases}
+            if only:
+                result["vocabularies"][name]["produced_by"] = produced_by
             print(f"{name}: {len(cases)} texts", file=sys.stderr)
     text = json.dumps(result, ensure_ascii=False, indent=1)
     # one line per id list

@@ -27,7 +27,7 @@ NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 TINY_BPE_SPECIALS = [("<|begin_of_text|>", CONTROL), ("<|end_of_text|>", CONTROL), ("<|im_start|>", CONTROL),
                      ("<|im_end|>", CONTROL), ("<think>", USER_DEFINED)]
 TINY_SPM_SPECIALS = ["<start_of_turn>", "<end_of_turn>"]  # CONTROL in the SPM vocabulary
-TINY_BPE_PRES = ["llama-bpe", "qwen2", "gpt-2", "smollm", "default"]
+TINY_BPE_PRES = ["llama-bpe", "qwen2", "gpt-2", "smollm", "default", "gpt-4o"]
 TINY_CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
