@@ -13,7 +13,8 @@ first). Quantize the result with llama.cpp's own tool to get its real tensor-typ
 Shape (Llama 3.2 1B): hidden 2048, 16 layers, feed-forward 8192, 32 query heads and 8 key/value heads of 64,
 RoPE base 500000, tied output head. `--layers` and `--hidden` shrink it for a quick check. Where llama.cpp's
 tools are not at hand (the GPU machine), `--type q4_0|q4_k|q8_0|...` quantizes every matrix with this package's
-own quantizer instead (one type for all; the norms stay float32).
+own quantizer instead (one type for all; the norms stay float32); the types it has no quantizer for (the IQ grid
+and ternary types: iq2_xxs, iq3_s, tq1_0, ...) get random blocks with small scales.
 """
 
 import argparse
@@ -21,7 +22,7 @@ import argparse
 import mlx.core as mx
 import numpy as np
 
-from mlx_ggml_ext import GGMLTensor, GGMLType, gguf, ops
+from mlx_ggml_ext import GGMLTensor, GGMLType, gguf, ops, reference
 from mlx_ggml_ext.gguf import Value, ValueType
 
 
@@ -106,7 +107,10 @@ def main():
         ggml_type = GGMLType.of(args.type)
         for name, t in tensors.items():
             if t.ndim == 2:
-                blocks = ops.quantize(mx.array(t.astype(np.float32)), ggml_type, stream=mx.cpu)
+                try:
+                    blocks = ops.quantize(mx.array(t.astype(np.float32)), ggml_type, stream=mx.cpu)
+                except NotImplementedError:  # no quantizer for the type: random blocks of the shape
+                    blocks = mx.array(reference.random_blocks(rng, ggml_type.name, *t.shape, scales=(1e-3, 2e-3)))
                 tensors[name] = GGMLTensor(blocks, ggml_type, t.shape)
                 mx.eval(blocks)
     gguf.save(args.out, metadata, tensors)
