@@ -33,12 +33,20 @@ struct DecodeShape {
 };
 
 // Copies n bytes from device memory to threadgroup memory as words of W bytes, word i by lane i % 32 of
-// the simdgroup (adjacent lanes, adjacent words). src, dst and n are multiples of W.
+// the simdgroup (adjacent lanes, adjacent words). src, dst and n are multiples of W. Every lane loads in
+// every pass, those past the last word that word again (the same line: no extra traffic), so the lanes' loads
+// stay one instruction whatever n is: the traffic model pairs the lanes' i-th loads, and rows whose word
+// counts differ (Q6_K's 420-byte steps: 24 or 32 words) no longer shift one lane's loads against another's.
 template <typename W>
 inline void stage_words(threadgroup uchar* dst, device const uchar* src, uint n, uint lane) {
   threadgroup W* d = (threadgroup W*)dst;
   device const W* s = (device const W*)src;
-  for (uint i = lane; i < n / sizeof(W); i += 32) d[i] = s[i];
+  const uint words = n / sizeof(W);
+  for (uint base = 0; base < words; base += 32) {
+    const uint i = base + lane;
+    const W word = s[min(i, words - 1)];
+    if (i < words) d[i] = word;
+  }
 }
 
 // The widest word (16, 8, 4, 2 or 1 bytes) dividing `alignment` (an OR of the addresses and lengths).
