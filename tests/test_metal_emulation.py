@@ -146,7 +146,7 @@ def test_every_kernel_the_glue_asks_for_exists(metal):
         wanted |= {f"rms_norm_{sfx}", f"rope_{sfx}"}
         for t in QUANT_TYPES + FLOAT_TYPES:
             wanted |= {f"{k}_{t.lower()}_{sfx}" for k in ("dequantize", "qmv_x1", "qmv_x4", "qmv_x8", "qmm", "qmm_t",
-                                                                "mul_mat_id_x1", "mul_mat_id_x4", "mul_mat_id_x8",
+                                                                "mul_mat_id_x1", "mul_mat_id_x8",
                                                                 "mul_mat_id_t")}
     wanted.add("mul_mat_id_group")
     assert wanted <= metal.kernels, sorted(wanted - metal.kernels)
@@ -533,7 +533,7 @@ def run_mul_mat_id(metal, type_name, dtype, transposed, broadcast_x, seed, E=4, 
     out_cols = K if transposed else N
     plan = metal.plan("mul_mat_id", type=type_name.lower(), dtype=dtype, transposed=int(transposed), tokens=T,
                       n_used=used, x_slots=slots, experts=E, N=N, K=K, row_bytes=w.shape[-1], **(lines or {}))
-    x_rows = 1 if T == 1 else 4 if T <= 4 else 8  # chunks of an expert's pairs, by the token count
+    x_rows = 1 if T == 1 else 8  # chunks of an expert's pairs, by the token count
     kernel = f"mul_mat_id_t_{type_name.lower()}_{dtype}" if transposed else \
         f"mul_mat_id_x{x_rows}_{type_name.lower()}_{dtype}"
     assert plan["kernel"] == kernel, plan["kernel"]

@@ -1,13 +1,14 @@
 // The MulMatId primitive (csrc/mul_mat_id.h), ggml's mul_mat_id: each (token, slot) pair p goes through the
 // expert ids[p] chooses, read from its ggml blocks; float32 sums, output in x's dtype.
-//   mul_mat_id_x1/x4/x8_<type>_<dtype>: forward, out[p] = W[ids[p]] @ x[token, slot or 0], grouped by expert.
+//   mul_mat_id_x1/x8_<type>_<dtype>: forward, out[p] = W[ids[p]] @ x[token, slot or 0], grouped by expert.
 //     It runs after mul_mat_id_group (mul_mat_id_groups.metal), which sorted the pairs by expert on the GPU.
 //     Grid (weight-row tiles, experts + 1): a threadgroup owns a tile of one expert's rows (4 simdgroups of
 //     DecodeShape::rows rows, as the decode kernels) and walks that expert's pairs in chunks of XRows, the
 //     chunk's rows of x gathered through the sorted pair list into the decode product (decode_rows.h: the
 //     weight rows' bytes staged by whole 128-byte lines of adjacent aligned words, decoded once per chunk for
-//     all its x rows). XRows is 1, 4 or 8 by the token count T (launch_plans.h): a top-k router gives an
-//     expert at most T pairs, so for T <= 8 each chosen expert's rows are read once per call. Threadgroups of
+//     all its x rows). XRows is 1 for one token, else 8 (launch_plans.h; no x4 as decode has: each
+//     specialization is another 72 kernels to compile): a top-k router gives an expert at most T pairs, so
+//     for T <= 8 each chosen expert's rows are read once per call. Threadgroups of
 //     experts nobody chose exit at once; the last bucket (ids outside [0, experts)) writes NaN rows.
 //   mul_mat_id_t_<type>_<dtype>: transposed (x's gradient), out[p] = x[p] @ W[ids[p]]; a thread per (pair,
 //     16-element run of K), summing over the expert's N rows (not grouped).
@@ -108,7 +109,6 @@ template <typename D, typename T>
   mul_mat_id<decoder_##name, T, rows>(GGML_EXT_MUL_MAT_ID_PARAMS(T));
 #define GGML_EXT_INSTANTIATE_MUL_MAT_ID(suffix, T, name)                                                         \
   GGML_EXT_INSTANTIATE_MUL_MAT_ID_ROWS(suffix, T, name, 1)                                                       \
-  GGML_EXT_INSTANTIATE_MUL_MAT_ID_ROWS(suffix, T, name, 4)                                                       \
   GGML_EXT_INSTANTIATE_MUL_MAT_ID_ROWS(suffix, T, name, 8)                                                       \
   template [[host_name("mul_mat_id_t_" #name "_" #suffix)]] [[kernel]] void mul_mat_id_t<decoder_##name, T>(    \
       GGML_EXT_MUL_MAT_ID_T_PARAMS(T));

@@ -136,8 +136,8 @@ inline Plan<MatmulArgs> plan_matmul(const std::string& type_name, const std::str
 
 // mul_mat_id. Forward: two dispatches on an int32 scratch buffer (kernels/metal/mul_mat_id_groups.h): the
 // pairs grouped by expert (mul_mat_id_group, one threadgroup of 256 threads), then the grouped product
-// (mul_mat_id_x<R>, grid: weight-row tiles of the decode product, experts + 1 buckets), R x rows per chunk
-// of an expert's pairs by the token count (an expert gets at most `tokens` pairs from a top-k router).
+// (mul_mat_id_x<R>, grid: weight-row tiles of the decode product, experts + 1 buckets), R = 1 (one token) or 8
+// x rows per chunk of an expert's pairs (an expert gets at most `tokens` pairs from a top-k router).
 // Transposed: one dispatch, 128 runs of 16 elements of K per threadgroup (a thread each), a row per pair.
 struct MulMatIdPlan {
   Plan<MulMatIdArgs> group;  // kernel "" when there is none (the transposed product)
@@ -159,7 +159,7 @@ inline MulMatIdPlan plan_mul_mat_id(const std::string& type_name, const std::str
             0};
   }
   const BlockShape b = block_shape(type_name);
-  const uint32_t x_rows = decode_x_rows(args.tokens);
+  const uint32_t x_rows = args.tokens <= 1 ? 1 : 8;  // mul_mat_id_x1 / _x8 (no x4: fewer kernels)
   return {{"mul_mat_id_group", args, {{1, 1, 1}, kMulMatIdGroupThreads, 2 * kMulMatIdGroupThreads * 4}},
           {"mul_mat_id_x" + std::to_string(x_rows) + "_" + suffix, args,
            {{ceil_div_u32(args.N, decode_tile_rows(b)), args.experts + 1, 1}, 128,
