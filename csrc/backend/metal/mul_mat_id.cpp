@@ -4,6 +4,10 @@
 // Metal emulator (tests/test_metal_emulation.py); not run on Apple hardware.
 #include "csrc/mul_mat_id.h"
 
+#include <cstdint>
+#include <limits>
+#include <stdexcept>
+
 #include "csrc/backend/metal/metal_kernel.h"
 #include "csrc/ggml_types.h"
 
@@ -43,9 +47,13 @@ void MulMatId::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
         .dispatch(plan.product.grid);
     return;
   }
-  // The kernels index the scratch with 32-bit entries (offsets, cursors and sorted pairs).
-  checked_u32(static_cast<int64_t>(plan.scratch_bytes / 4), op, "experts + tokens x n_used");
-  mx::array scratch(mx::Shape{static_cast<int>(plan.scratch_bytes / 4)}, mx::int32, nullptr, {});
+  // The scratch's int32 entries (offsets, cursors and sorted pairs) must fit an MLX shape.
+  const uint64_t scratch_entries = plan.scratch_bytes / 4;
+  if (scratch_entries > static_cast<uint64_t>(std::numeric_limits<int32_t>::max())) {
+    throw std::invalid_argument(cat("[", op, "] ", w.shape(0), " experts and ", ids.size(),
+                                    " (token, slot) pairs are too many for the Metal kernels' scratch."));
+  }
+  mx::array scratch(mx::Shape{static_cast<int32_t>(scratch_entries)}, mx::int32, nullptr, {});
   scratch.set_data(mx::allocator::malloc(scratch.nbytes()));
   MetalKernel(stream(), plan.group.kernel)
       .input(ids, 2)
