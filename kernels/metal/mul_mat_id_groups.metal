@@ -10,7 +10,8 @@
 //      turns its counts into offsets, and copies them as the buckets' write cursors.
 //   3. place: the chunks again; each pair goes to its bucket's cursor plus the number of the chunk's
 //      earlier pairs of its bucket; the last one of each bucket moves the cursor past the chunk's share.
-// Each phase reads the ids once: tokens x n_used int32, small next to what the product reads.
+// Phases 1 and 3 read the ids (tokens x n_used int32, small next to what the product reads), each pass about
+// `pairs` comparisons per thread.
 #include "kernels/metal/mul_mat_id_groups.h"
 
 enum {
