@@ -603,10 +603,12 @@ def test_mul_mat_id_chunks_of_eight_pairs(metal):
 
 def test_mul_mat_id_grouping_is_a_stable_sort_by_expert(metal):
     """The grouping dispatch alone, against numpy: 300 pairs (two chunks of 256) mostly on one expert, bad
-    ids (E and -1) in the last bucket, experts nobody chose (empty buckets)."""
+    ids (E and -1) in the last bucket, experts nobody chose (empty buckets), 601 buckets (3 per thread in the
+    scan of the offsets)."""
     rng = np.random.default_rng(3)
-    T, used, E = 100, 3, 40
-    ids = np.where(rng.random((T, used)) < 0.7, 7, rng.integers(-2, E + 2, (T, used))).astype(np.int32)
+    T, used, E = 100, 3, 600
+    ids = np.where(rng.random((T, used)) < 0.7, 7, rng.integers(0, E, (T, used))).astype(np.int32)
+    ids[0, 0], ids[5, 2], ids[99, 1] = -1, E, E + 7
     plan = metal.plan("mul_mat_id", type="q4_0", dtype="f32", transposed=0, tokens=T, n_used=used, x_slots=1,
                       experts=E, N=4, K=32, row_bytes=18)
     scratch = np.full(plan["scratch_bytes"], 0xA5, np.uint8)
@@ -615,7 +617,7 @@ def test_mul_mat_id_grouping_is_a_stable_sort_by_expert(metal):
     round4 = lambda n: (n + 3) // 4 * 4  # noqa: E731
     offsets = np.concatenate([[0], np.cumsum(np.bincount(buckets, minlength=E + 1))])
     sorted_part = round4(E + 2) + round4(E + 1)
-    assert (got[:E + 2] == offsets).all(), got[:E + 2]
+    assert offsets[E + 1] - offsets[E] == 3 and (got[:E + 2] == offsets).all(), got[:E + 2]
     assert (got[sorted_part:sorted_part + T * used] == np.argsort(buckets, kind="stable")).all()
 
 
