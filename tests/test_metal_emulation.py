@@ -146,7 +146,9 @@ def test_every_kernel_the_glue_asks_for_exists(metal):
         wanted |= {f"rms_norm_{sfx}", f"rope_{sfx}"}
         for t in QUANT_TYPES + FLOAT_TYPES:
             wanted |= {f"{k}_{t.lower()}_{sfx}" for k in ("dequantize", "qmv_x1", "qmv_x4", "qmv_x8", "qmm", "qmm_t",
-                                                                "mul_mat_id", "mul_mat_id_t")}
+                                                                "mul_mat_id_x1", "mul_mat_id_x8",
+                                                                "mul_mat_id_t")}
+    wanted.add("mul_mat_id_group")
     assert wanted <= metal.kernels, sorted(wanted - metal.kernels)
 
 
@@ -497,26 +499,48 @@ def test_transposed_weight_matrix_off_16_byte_boundary(metal, K):
 # ---------------------------------------------------------------------------------------------------
 # mul_mat_id (mul_mat_id.metal): each (token, slot) pair through the expert its id chooses
 # ---------------------------------------------------------------------------------------------------
-def run_mul_mat_id(metal, type_name, dtype, transposed, broadcast_x, seed, E=4, N=9, T=3, used=3, bad=True):
-    """Dispatches csrc/backend/metal's plan for MulMatId on E random experts (ids with, when `bad`, E and -1
-    among them) and returns (got, expected float64 with NaN rows for the bad ids, x, experts, ids)."""
-    rng = np.random.default_rng(seed)
-    K = matmul_k(type_name)  # float types: 40, a last run of 8 elements
-    w, w64 = random_weight(rng, type_name, E * N, K)
-    w, w64 = w.reshape(E, N, -1), w64.reshape(E, N, K)
+def mul_mat_id_ids(rng, E, T, used, bad):
+    """ids (T, used) int32: distinct experts per token (a top-k router's), with E and -1 among them when `bad`."""
     ids = np.stack([rng.permutation(E)[:used] for _ in range(T)]).astype(np.int32)
     if bad:
         ids[T - 1, used - 1], ids[0, 1] = E, -1
+    return ids
+
+
+def dispatch_mul_mat_id(metal, plan, x, w, ids, out, seed, traffic=False):
+    """The plan's dispatches as eval_gpu encodes them: the forward product's grouping into a scratch buffer
+    (filled with garbage: the grouping writes what the product reads), then the product. Returns out's bytes
+    and the scratch as the grouping left it (None without grouping); metal.traffic is the product's."""
+    if plan["group"] is None:
+        return metal.dispatch_plan(plan, {0: x, 1: w, 2: ids, 3: out}, args_index=4, seed=seed, traffic=traffic)[3], None
+    scratch = np.full(plan["scratch_bytes"], 0xA5, np.uint8)
+    scratch = metal.dispatch_plan(plan["group"], {2: ids, 5: scratch}, args_index=4, seed=seed)[5]
+    out = metal.dispatch_plan(plan, {0: x, 1: w, 3: out, 5: scratch}, args_index=4, seed=seed, traffic=traffic)[3]
+    return out, scratch.view(np.int32)
+
+
+def run_mul_mat_id(metal, type_name, dtype, transposed, broadcast_x, seed, E=4, N=9, T=3, used=3, bad=True, K=None,
+                   traffic=False, lines=None):
+    """Dispatches csrc/backend/metal's plan for MulMatId on E random experts (ids with, when `bad`, E and -1
+    among them) and returns (got, expected float64 with NaN rows for the bad ids, x, experts, ids, plan)."""
+    rng = np.random.default_rng(seed)
+    K = K or matmul_k(type_name)  # float types: 40, a last run of 8 elements
+    w, w64 = random_weight(rng, type_name, E * N, K)
+    w, w64 = w.reshape(E, N, -1), w64.reshape(E, N, K)
+    ids = mul_mat_id_ids(rng, E, T, used, bad)
     slots = 1 if broadcast_x else used
     x = DTYPES[dtype][1](rng.standard_normal((T, slots, N if transposed else K)))
     out_cols = K if transposed else N
     plan = metal.plan("mul_mat_id", type=type_name.lower(), dtype=dtype, transposed=int(transposed), tokens=T,
-                      n_used=used, x_slots=slots, experts=E, N=N, K=K, row_bytes=w.shape[-1])
-    assert plan["kernel"] == f"mul_mat_id{'_t' if transposed else ''}_{type_name.lower()}_{dtype}", plan["kernel"]
+                      n_used=used, x_slots=slots, experts=E, N=N, K=K, row_bytes=w.shape[-1], **(lines or {}))
+    x_rows = 1 if T == 1 else 8  # chunks of an expert's pairs, by the token count
+    kernel = f"mul_mat_id_t_{type_name.lower()}_{dtype}" if transposed else \
+        f"mul_mat_id_x{x_rows}_{type_name.lower()}_{dtype}"
+    assert plan["kernel"] == kernel, plan["kernel"]
     # Zeros, not NaN bytes, beforehand: a NaN row must be the kernel's own.
-    out = metal.dispatch_plan(plan, {0: x, 1: w, 2: ids, 3: np.zeros((T, used, out_cols), DTYPES[dtype][0])},
-                              args_index=4, seed=seed)
-    got = DTYPES[dtype][2](out[3]).reshape(T, used, out_cols)
+    out, _ = dispatch_mul_mat_id(metal, plan, x, w, ids, np.zeros((T, used, out_cols), DTYPES[dtype][0]), seed,
+                                 traffic)
+    got = DTYPES[dtype][2](out).reshape(T, used, out_cols)
     x64 = DTYPES[dtype][2](x).astype(np.float64).reshape(x.shape)
     expected = np.full(got.shape, np.nan)
     for t in range(T):
@@ -524,11 +548,11 @@ def run_mul_mat_id(metal, type_name, dtype, transposed, broadcast_x, seed, E=4, 
             if 0 <= ids[t, s] < E:
                 xv = x64[t, 0 if broadcast_x else s]
                 expected[t, s] = xv @ w64[ids[t, s]] if transposed else w64[ids[t, s]] @ xv
-    return got, expected, x, w, ids
+    return got, expected, x, w, ids, plan
 
 
-def check_mul_mat_id(metal, type_name, dtype, transposed, broadcast_x, seed):
-    got, expected, *_ = run_mul_mat_id(metal, type_name, dtype, transposed, broadcast_x, seed)
+def check_mul_mat_id(metal, type_name, dtype, transposed, broadcast_x, seed, **shape):
+    got, expected, *_ = run_mul_mat_id(metal, type_name, dtype, transposed, broadcast_x, seed, **shape)
     bad = np.isnan(expected[:, :, 0])
     assert bad.sum() == 2 and np.isnan(got[bad]).all(), f"{type_name}: the bad ids' rows are not NaN"
     assert not np.isnan(got[~bad]).any(), f"{type_name}: NaN outside the bad ids' rows"
@@ -562,11 +586,39 @@ def test_mul_mat_id_matches_the_cpu_op(metal):
     from mlx_ggml_ext import GGMLTensor, GGMLType, ops
 
     for broadcast_x in (False, True):
-        got, _, x, w, ids = run_mul_mat_id(metal, "Q4_K", "f32", False, broadcast_x, seed=11, E=5, N=7, T=4,
-                                           used=2, bad=False)
+        got, _, x, w, ids, _ = run_mul_mat_id(metal, "Q4_K", "f32", False, broadcast_x, seed=11, E=5, N=7, T=4,
+                                              used=2, bad=False)
         tensor = GGMLTensor(mx.array(w.reshape(-1)), GGMLType.Q4_K, (5, 7, 512))
         cpu = ops.mul_mat_id(tensor, mx.array(x), mx.array(ids), stream=mx.cpu)
         assert nmse(got, np.array(cpu)) <= 2e-4, f"broadcast={broadcast_x}"
+
+
+def test_mul_mat_id_chunks_of_eight_pairs(metal):
+    """T = 20 tokens over 3 experts: each expert's pairs go through the product in chunks of 8 (x8), the last
+    partial; a weight and x said to be 2- and 4-byte aligned (the emulator's buffers are 128-byte aligned, the
+    plan's w_line / x_line say otherwise): the staging's narrower words."""
+    check_mul_mat_id(metal, "Q4_0", "f32", False, False, seed=20, E=3, N=5, T=20, used=2,
+                     lines={"w_line": 2, "x_line": 4})
+
+
+def test_mul_mat_id_grouping_is_a_stable_sort_by_expert(metal):
+    """The grouping dispatch alone, against numpy: 300 pairs (two chunks of 256) mostly on one expert, bad
+    ids (E and -1) in the last bucket, experts nobody chose (empty buckets), 601 buckets (3 per thread in the
+    scan of the offsets)."""
+    rng = np.random.default_rng(3)
+    T, used, E = 100, 3, 600
+    ids = np.where(rng.random((T, used)) < 0.7, 7, rng.integers(0, E, (T, used))).astype(np.int32)
+    ids[0, 0], ids[5, 2], ids[99, 1] = -1, E, E + 7
+    plan = metal.plan("mul_mat_id", type="q4_0", dtype="f32", transposed=0, tokens=T, n_used=used, x_slots=1,
+                      experts=E, N=4, K=32, row_bytes=18)
+    scratch = np.full(plan["scratch_bytes"], 0xA5, np.uint8)
+    got = metal.dispatch_plan(plan["group"], {2: ids, 5: scratch}, args_index=4, seed=3)[5].view(np.int32)
+    buckets = np.where((ids >= 0) & (ids < E), ids, E).reshape(-1)
+    round4 = lambda n: (n + 3) // 4 * 4  # noqa: E731
+    offsets = np.concatenate([[0], np.cumsum(np.bincount(buckets, minlength=E + 1))])
+    sorted_part = round4(E + 2) + round4(E + 1)
+    assert offsets[E + 1] - offsets[E] == 3 and (got[:E + 2] == offsets).all(), got[:E + 2]
+    assert (got[sorted_part:sorted_part + T * used] == np.argsort(buckets, kind="stable")).all()
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -668,6 +720,25 @@ def test_prefill_traffic_long_rows(metal):
     line of a 2304-byte Q4_K row is requested once."""
     f = matmul_traffic(metal, "qmm", "Q4_K", 64, N=32, K=4096)
     assert f["bytes_per_weight_byte"] == 1.0 and f["coalesced_share"] == 1.0, f
+
+
+# mul_mat_id grouped by expert (issue 34): each chosen expert's rows read once per call for T <= 8, whatever
+# the number of pairs that chose it, by the decode product's coalesced whole-line loads. The denominator is the
+# chosen experts' bytes only (the others are never read). K = 4096 as for decode: rows of whole lines but
+# Q6_K's 3360 bytes (26.25 lines: its neighbours request its first and last line again, 1.05).
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q8_0", "Q4_K", "Q6_K", "IQ4_XS", "MXFP4"])
+@pytest.mark.parametrize("T,used", [(1, 4), (8, 2)])
+def test_mul_mat_id_traffic(metal, type_name, T, used):
+    E, N, K = 6, 16, 4096
+    got, expected, x, w, ids, plan = run_mul_mat_id(metal, type_name, "f32", False, True, seed=T, E=E, N=N, T=T,
+                                                    used=used, bad=False, K=K, traffic=True)
+    chosen = len(np.unique(ids))
+    assert chosen >= 3, ids
+    f = emu.traffic_figures(plan["kernel"], f"T={T} used={used} E={E} chosen={chosen} N={N} K={K}", metal.traffic, 1,
+                            chosen * w[0].nbytes, ignore=(4,), threadgroup_bytes=plan["threadgroup_bytes"])
+    assert_close(got, expected, MATMUL_TOL["f32"], f"mul_mat_id {type_name} T={T}")
+    assert f["bytes_per_weight_byte"] <= 1.1 and f["coalesced_share"] >= 0.95, f
+    assert f["misaligned_loads"] == 0, f
 
 
 def test_rms_norm_traffic(metal):

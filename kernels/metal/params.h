@@ -53,10 +53,11 @@ struct MatmulArgs {
 // The MulMatId primitive (csrc/mul_mat_id.h): ids (tokens, n_used) int32 choose, per (token, slot) pair p,
 // one of `experts` weight matrices (experts, N, row_bytes) of K elements per row. Forward: x (tokens,
 // x_slots, K) with x_slots 1 or n_used, out (tokens, n_used, N); transposed: x (tokens, n_used, N), out
-// (tokens, n_used, K). x and out share a dtype (the kernels' suffix).
+// (tokens, n_used, K). x and out share a dtype (the kernels' suffix). w_line, x_line: as MatmulArgs'.
 struct MulMatIdArgs {
   uint32_t tokens, n_used, x_slots, experts;
   uint32_t N, K, row_bytes;
+  uint32_t w_line, x_line;
 };
 
 }  // namespace ggml_ext_metal

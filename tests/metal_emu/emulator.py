@@ -159,6 +159,8 @@ class Emulator:
                                                   for k, v in fields.items()]
         plan = json.loads(subprocess.run(argv, check=True, capture_output=True, text=True).stdout)
         plan["args"] = bytes.fromhex(plan["args"])
+        if plan.get("group"):  # mul_mat_id's grouping dispatch, which runs first
+            plan["group"]["args"] = bytes.fromhex(plan["group"]["args"])
         return plan
 
     def dispatch_plan(self, plan: dict, buffers: dict, args_index: int, seed: int = 0, aliases: dict | None = None,

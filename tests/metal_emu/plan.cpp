@@ -27,14 +27,35 @@ uint32_t u32_or(const Fields& f, const char* key, uint32_t otherwise) {
 float f32(const Fields& f, const char* key) { return std::strtof(field(f, key).c_str(), nullptr); }
 
 template <typename Args>
-void print(const Plan<Args>& p) {
-  std::printf("{\"kernel\": \"%s\", \"groups\": [%u, %u, %u], \"threads\": %u, \"threadgroup_bytes\": %u, \"args\": \"",
-              p.kernel.c_str(), p.grid.groups[0], p.grid.groups[1], p.grid.groups[2], p.grid.threads,
-              p.grid.threadgroup_bytes);
+std::string json(const Plan<Args>& p) {
+  char head[256];
+  std::snprintf(head, sizeof head,
+                "{\"kernel\": \"%s\", \"groups\": [%u, %u, %u], \"threads\": %u, \"threadgroup_bytes\": %u, ",
+                p.kernel.c_str(), p.grid.groups[0], p.grid.groups[1], p.grid.groups[2], p.grid.threads,
+                p.grid.threadgroup_bytes);
+  std::string out = std::string(head) + "\"args\": \"";
   unsigned char bytes[sizeof(Args)];
   std::memcpy(bytes, &p.args, sizeof bytes);
-  for (unsigned char b : bytes) std::printf("%02x", b);
-  std::printf("\"}\n");
+  for (unsigned char b : bytes) {
+    char hex[3];
+    std::snprintf(hex, sizeof hex, "%02x", b);
+    out += hex;
+  }
+  return out + "\"}";
+}
+
+template <typename Args>
+void print(const Plan<Args>& p) {
+  std::printf("%s\n", json(p).c_str());
+}
+
+// mul_mat_id: the product's plan, with the grouping dispatch ("group": null without one) and the scratch size.
+void print(const MulMatIdPlan& p) {
+  std::string product = json(p.product);
+  product.pop_back();
+  std::printf("%s, \"group\": %s, \"scratch_bytes\": %llu}\n", product.c_str(),
+              p.group.kernel.empty() ? "null" : json(p.group).c_str(),
+              static_cast<unsigned long long>(p.scratch_bytes));
 }
 
 }  // namespace
@@ -72,7 +93,9 @@ int main(int argc, char** argv) {
   } else if (op == "mul_mat_id") {
     print(plan_mul_mat_id(field(f, "type"), field(f, "dtype"), u32(f, "transposed") != 0,
                           MulMatIdArgs{u32(f, "tokens"), u32(f, "n_used"), u32(f, "x_slots"), u32(f, "experts"),
-                                       u32(f, "N"), u32(f, "K"), u32(f, "row_bytes")}));
+                                       u32(f, "N"), u32(f, "K"), u32(f, "row_bytes"),
+                                       // the emulator's buffers start 128-byte aligned
+                                       u32_or(f, "w_line", 0), u32_or(f, "x_line", 0)}));
   } else {
     return 2;
   }

@@ -93,6 +93,15 @@ constexpr uint32_t kPrefillTileM = 64, kPrefillTileN = 32, kPrefillTileK = 32;
 constexpr uint32_t kPrefillQuantStage = 256, kPrefillFloatStage = 64;
 constexpr uint32_t kTransposedTileM = 64, kTransposedTileCols = 256, kTransposedStageN = 32;
 constexpr uint32_t kTransposedThreads = 512, kTransposedSlotMax = 512;
+// The decode product (decode_rows.h): x rows per threadgroup for M rows (1, 4 or 8), weight rows per
+// threadgroup (4 simdgroups of DecodeShape::rows), threadgroup bytes (decode_stage_bytes).
+inline uint32_t decode_x_rows(uint32_t m) { return m <= 1 ? 1 : m <= 4 ? 4 : 8; }
+inline uint32_t decode_tile_rows(const BlockShape& b) { return 4 * (b.elements > 1 ? 4 : b.bytes == 4 ? 1 : 2); }
+inline uint32_t decode_threadgroup_bytes(const BlockShape& b, uint32_t x_rows, const std::string& x_dtype) {
+  const uint32_t span = b.elements ? kDecodeStep / b.elements * b.bytes : 0;
+  const uint32_t row_stage = (span + 16 + 128 + 15) / 16 * 16;  // DecodeShape::row_stage
+  return round_up_16(x_rows * kDecodeStep * dtype_bytes(x_dtype) + decode_tile_rows(b) * row_stage);
+}
 inline uint32_t prefill_threadgroup_bytes(const BlockShape& b) {
   const uint32_t stage = b.elements > 1 ? kPrefillQuantStage : kPrefillFloatStage;
   const uint32_t span = b.elements ? stage / b.elements * b.bytes : 0;
@@ -115,27 +124,47 @@ inline Plan<MatmulArgs> plan_matmul(const std::string& type_name, const std::str
              kTransposedThreads, transposed_threadgroup_bytes(b)}};
   }
   if (args.M <= kDecodeMaxRows) {
-    const uint32_t x_rows = args.M == 1 ? 1 : args.M <= 4 ? 4 : 8;
-    const uint32_t rows = b.elements > 1 ? 4 : b.bytes == 4 ? 1 : 2;
-    const uint32_t span = b.elements ? kDecodeStep / b.elements * b.bytes : 0;
-    const uint32_t row_stage = (span + 16 + 128 + 15) / 16 * 16;  // decode.metal's DecodeShape::row_stage
-    const uint32_t stage = x_rows * kDecodeStep * dtype_bytes(x_dtype) + 4 * rows * row_stage;
+    const uint32_t x_rows = decode_x_rows(args.M);
     return {"qmv_x" + std::to_string(x_rows) + "_" + suffix, args,
-            {{ceil_div_u32(args.N, 4 * rows), ceil_div_u32(args.M, x_rows), batches}, 128, round_up_16(stage)}};
+            {{ceil_div_u32(args.N, decode_tile_rows(b)), ceil_div_u32(args.M, x_rows), batches}, 128,
+             decode_threadgroup_bytes(b, x_rows, x_dtype)}};
   }
   return {"qmm_" + suffix, args,
           {{ceil_div_u32(args.N, kPrefillTileN), ceil_div_u32(args.M, kPrefillTileM), batches}, 128,
            prefill_threadgroup_bytes(b)}};
 }
 
-// mul_mat_id.metal, groups (x, pairs = tokens * n_used) of 128 threads: forward, 4 weight rows per threadgroup
-// (a simdgroup each); transposed, 128 runs of 16 elements of K per threadgroup (a thread each).
-inline Plan<MulMatIdArgs> plan_mul_mat_id(const std::string& type_name, const std::string& dtype, bool transposed,
-                                          const MulMatIdArgs& args) {
+// mul_mat_id. Forward: two dispatches on an int32 scratch buffer (kernels/metal/mul_mat_id_groups.h): the
+// pairs grouped by expert (mul_mat_id_group, one threadgroup of 256 threads), then the grouped product
+// (mul_mat_id_x<R>, grid: weight-row tiles of the decode product, experts + 1 buckets), R = 1 (one token) or 8
+// x rows per chunk of an expert's pairs (an expert gets at most `tokens` pairs from a top-k router).
+// Transposed: one dispatch, 128 runs of 16 elements of K per threadgroup (a thread each), a row per pair.
+struct MulMatIdPlan {
+  Plan<MulMatIdArgs> group;  // kernel "" when there is none (the transposed product)
+  Plan<MulMatIdArgs> product;
+  uint64_t scratch_bytes;  // offsets, cursors, sorted pairs; 0 without grouping
+};
+constexpr uint32_t kMulMatIdGroupThreads = 256;
+inline uint64_t round_up_4(uint64_t n) { return (n + 3) / 4 * 4; }
+inline uint64_t mul_mat_id_scratch_bytes(const MulMatIdArgs& a) {
+  return 4 * (round_up_4(uint64_t(a.experts) + 2) + round_up_4(uint64_t(a.experts) + 1) + uint64_t(a.tokens) * a.n_used);
+}
+inline MulMatIdPlan plan_mul_mat_id(const std::string& type_name, const std::string& dtype, bool transposed,
+                                    const MulMatIdArgs& args) {
   const uint32_t pairs = args.tokens * args.n_used;  // the host checks that it fits
-  const uint32_t columns = transposed ? ceil_div_u32(ceil_div_u32(args.K, 16), 128) : ceil_div_u32(args.N, 4);
-  return {(transposed ? "mul_mat_id_t_" : "mul_mat_id_") + type_name + "_" + dtype, args,
-          {{columns, pairs, 1}, 128, 0}};
+  const std::string suffix = type_name + "_" + dtype;
+  if (transposed) {
+    return {{"", args, {{0, 0, 0}, 0, 0}},
+            {"mul_mat_id_t_" + suffix, args, {{ceil_div_u32(ceil_div_u32(args.K, 16), 128), pairs, 1}, 128, 0}},
+            0};
+  }
+  const BlockShape b = block_shape(type_name);
+  const uint32_t x_rows = args.tokens <= 1 ? 1 : 8;  // mul_mat_id_x1 / _x8 (no x4: fewer kernels)
+  return {{"mul_mat_id_group", args, {{1, 1, 1}, kMulMatIdGroupThreads, 2 * kMulMatIdGroupThreads * 4}},
+          {"mul_mat_id_x" + std::to_string(x_rows) + "_" + suffix, args,
+           {{ceil_div_u32(args.N, decode_tile_rows(b)), args.experts + 1, 1}, 128,
+            decode_threadgroup_bytes(b, x_rows, dtype)}},
+          mul_mat_id_scratch_bytes(args)};
 }
 
 }  // namespace ggml_ext_metal
