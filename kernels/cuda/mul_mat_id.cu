@@ -2,23 +2,27 @@
 // up to 8 of the (token, slot) pairs routed to it, not once per pair. Everything stays on the device (the ids are
 // read by the kernels, no host round trip), so the launches record into MLX's CUDA graph like any other.
 //
-// Forward product, three steps (mul_mat_id_plan) on one workspace:
-//   0. group_pairs_kernel (mul_mat_id_groups.cuh): the pairs sorted by expert (stable), with per-expert offsets.
-//   1. Quantized weights whose rows start on 4-byte boundaries (every layout type with whole 32-element x-blocks):
-//      x's t * x_slots rows quantized to int8 per 32 elements with a float scale (matmul_decode_operands.cuh's
-//      quantize_x_kernel, the decode route's step 0), into the workspace after the groups.
-//   2. grouped_dot_kernel: grid (weight-row tiles, experts + 1). A warp owns R rows of its expert and walks the
-//      expert's pairs in chunks of MB (1, 2, 4 or 8: up to t, set_dot_steps): the chunk's rows of x
-//      are gathered through the sorted pair list (GatheredX), and each x-block group of the warp's weight rows is
-//      read and decoded once for all of them (WarpDot of matmul_decode_dp4a.cuh: the decode route's __dp4a
-//      products, so the arithmetic is quantized_matmul's on m <= 8 rows). An expert with more pairs than MB reads
-//      its rows again for the next chunk, from L2 (the block's rows stay small: R * row_bytes per warp).
+// Forward product, two launches (mul_mat_id_plan) on one workspace:
+//   0. group_pairs (mul_mat_id_groups.cuh, block 0): the pairs sorted by expert, per-expert offsets and the list of
+//      the experts that have pairs. For quantized weights whose rows start on 4-byte boundaries (every layout type
+//      with whole 32-element x-blocks) the same launch's other blocks quantize x's t * x_slots rows to int8 per 32
+//      elements with a float scale (quantize_x_thread of matmul_decode_operands.cuh, the decode route's step 0)
+//      into the workspace after the groups: one kernel node where there were two (each costs host time in MLX's
+//      CUDA graph).
+//   1. grouped_dot_kernel: grid (weight-row tiles, busy_bound): block row y takes the y-th expert that has pairs
+//      (at most min(e + 1, t * n_used) of them, so a decode of 8 of 128 experts launches 8 rows of blocks, not 129;
+//      the rows past the list's length exit). A warp owns R rows of its expert and walks the expert's pairs in
+//      chunks of MB (1, 2, 4 or 8: up to t, set_dot_steps): the chunk's rows of x are gathered through the sorted
+//      pair list (GatheredX), and each x-block group of the warp's weight rows is read and decoded once for all of
+//      them (WarpDot of matmul_decode_dp4a.cuh: the decode route's __dp4a products, so the arithmetic is
+//      quantized_matmul's on m <= 8 rows). An expert with more pairs than MB reads its rows again for the next
+//      chunk, from L2 (the block's rows stay small: R * row_bytes per warp).
 //   Other weights (float types, the decoded IQ/ternary types without an integer format, rows not 4-byte aligned):
-//   step 1 is grouped_float_kernel, a warp per weight row, each 16-element chunk decoded once per chunk of 8 pairs
-//   by the shared chunk decoders of weights.cuh, float32 sums.
-//   The extra bucket past the experts (grid y = e) holds the pairs whose id is outside [0, e): their output rows are
-//   NaN and no weight memory is addressed for them (the op raises ValueError at graph-building time for ids
-//   already evaluated).
+//   step 0 only groups, and step 1 is grouped_float_kernel, a warp per weight row, each 16-element chunk decoded once
+//   per chunk of 8 pairs by the shared chunk decoders of weights.cuh, float32 sums, its blocks mapped as step 1's.
+//   The bucket past the experts (e) holds the pairs whose id is outside [0, e): their output rows are NaN and no
+//   weight memory is addressed for them (the op raises ValueError at graph-building time for ids already
+//   evaluated).
 //
 // The transposed product (x's gradient) is not grouped: a thread per (pair, 16 elements of K), one step.
 #include <cmath>
@@ -62,15 +66,27 @@ struct GatheredX {
   }
 };
 
-// Step 2 of quantized weights (rows on 4-byte boundaries): warp w of block (bx, e) takes rows
-// n0 = (bx * kDotWarps + w) * R .. n0 + R - 1 of expert e for each chunk of its pairs.
+// Step 0 of the integer dots: block 0 groups the pairs, blocks 1 .. quantize x (kQuantizeThreads threads each, 8
+// per x-block). The blocks do not wait for one another: step 1 reads both results.
+static_assert(kGroupThreads == kQuantizeThreads, "one block size for both parts of the launch");
+template <typename T>
+__global__ void __launch_bounds__(kGroupThreads) group_and_quantize_kernel(MulMatIdArgs a) {
+  if (blockIdx.x == 0) return group_pairs(a);
+  quantize_x_thread<T, false>(x_quantize_view(a),
+                              static_cast<int64_t>(blockIdx.x - 1) * kQuantizeThreads + threadIdx.x);
+}
+
+// Step 1 of quantized weights (rows on 4-byte boundaries): warp w of block (bx, y) takes rows
+// n0 = (bx * kDotWarps + w) * R .. n0 + R - 1 of busy expert y (e) for each chunk of its pairs.
 template <class F, int MB, typename T>
 __global__ void __launch_bounds__(kDotWarps * 32) grouped_dot_kernel(MulMatIdArgs a) {
   constexpr int R = rows_per_warp<MB>();
   const int lane = threadIdx.x % 32;
-  const int64_t e = blockIdx.y, n0 = (static_cast<int64_t>(blockIdx.x) * kDotWarps + threadIdx.x / 32) * R;
+  const int64_t n0 = (static_cast<int64_t>(blockIdx.x) * kDotWarps + threadIdx.x / 32) * R;
   if (n0 >= a.n) return;  // the whole warp
   const PairGroups g(a);
+  const int64_t e = g.bucket_of_block(blockIdx.y);
+  if (e < 0) return;  // fewer experts have pairs than the grid has rows
   if (e == a.e) return store_nan_rows<T>(a, g, n0, R, lane);
   const int64_t first = g.offsets[e], last = g.offsets[e + 1];
   const QuantizedMatmulArgs xq = x_quantize_view(a);
@@ -87,7 +103,7 @@ __global__ void __launch_bounds__(kDotWarps * 32) grouped_dot_kernel(MulMatIdArg
       pair[i] = g.sorted[i < view.m ? c + i : c];
       x.row[i] = static_cast<int32_t>(x_row_of_pair(a, pair[i]));
     }
-    WarpDot<F, MB, R, GatheredX<MB>> dot(view, n0, x);
+    WarpDot<F, MB, R, GatheredX<MB>> dot(view, n0, x, e);
 #pragma unroll kUnroll
     for (int p = lane; p < groups; p += 32) dot.template add<kG>(dot.rows, p, int64_t{p} * kG);
 #pragma unroll
@@ -103,14 +119,16 @@ __global__ void __launch_bounds__(kDotWarps * 32) grouped_dot_kernel(MulMatIdArg
   }
 }
 
-// Step 1 of the other weights: warp w of block (bx, e) takes row n = bx * kFloatWarps + w of expert e; its lanes
+// Step 1 of the other weights: warp w of block (bx, y) takes row n = bx * kFloatWarps + w of busy expert y; its lanes
 // take the row's 16-element chunks in turn, each decoded once per kFloatChunk pairs.
 template <typename W, typename T>
 __global__ void __launch_bounds__(kFloatWarps * 32) grouped_float_kernel(MulMatIdArgs a) {
   const int lane = threadIdx.x % 32;
-  const int64_t e = blockIdx.y, n = static_cast<int64_t>(blockIdx.x) * kFloatWarps + threadIdx.x / 32;
+  const int64_t n = static_cast<int64_t>(blockIdx.x) * kFloatWarps + threadIdx.x / 32;
   if (n >= a.n) return;  // the whole warp
   const PairGroups g(a);
+  const int64_t e = g.bucket_of_block(blockIdx.y);
+  if (e < 0) return;
   if (e == a.e) return store_nan_rows<T>(a, g, n, 1, lane);
   const uint8_t* row = static_cast<const uint8_t*>(a.w) + (e * a.n + n) * a.row_bytes;
   const bool vector = a.k % 16 == 0 && aligned(a.x, 16);  // every row of x starts on a 16-byte boundary
@@ -190,11 +208,11 @@ bool with_dot_format(int type, Make&& make) {
 template <class F, int MB, typename T>
 void set_grouped_dot(KernelLaunch& l, const MulMatIdArgs& a) {
   l.kernel = reinterpret_cast<const void*>(&grouped_dot_kernel<F, MB, T>);
-  l.grid = dim3(ceil_div(a.n, kDotWarps * rows_per_warp<MB>()), static_cast<unsigned>(a.e + 1));
+  l.grid = dim3(ceil_div(a.n, kDotWarps * rows_per_warp<MB>()), busy_bound(a));
   l.block = dim3(kDotWarps * 32);
 }
 
-// Steps 1 and 2 of the integer dots, where they take the weight. The pairs per chunk (MB, as the decode route's rows
+// The two steps of the integer dots, where they take the weight. The pairs per chunk (MB, as the decode route's rows
 // of x: 1, 2, 4 or 8) follow from the tokens: a token's slots name distinct experts in every router of ggml (top-k),
 // so an expert has at most t pairs, and the registers of more would sit idle (a decode of one token takes one
 // pair per chunk). An expert chosen twice by one token is still right: it takes one more chunk.
@@ -203,21 +221,20 @@ bool set_dot_steps(MulMatIdPlan& p, const MulMatIdArgs& a, int type) {
   if (a.k <= 0 || a.k % 32 != 0 || a.row_bytes % 4 != 0 || !aligned(a.w, 4)) return false;  // no empty grid
   return with_dot_format(type, [&](auto format) {
     using F = decltype(format);
-    KernelLaunch& quantize = p.steps[1];
+    KernelLaunch& first = p.steps[0];
     const QuantizedMatmulArgs xq = x_quantize_view(a);
-    quantize.kernel = reinterpret_cast<const void*>(&quantize_x_kernel<T, false>);
-    quantize.grid = dim3(ceil_div(xq.m * (a.k / 32) * 8, kQuantizeThreads));
-    quantize.block = dim3(kQuantizeThreads);
-    p.quantize_step = 1;
+    first.kernel = reinterpret_cast<const void*>(&group_and_quantize_kernel<T>);
+    first.grid = dim3(1 + ceil_div(xq.m * (a.k / 32) * 8, kQuantizeThreads));
+    first.block = dim3(kGroupThreads);
     p.workspace_bytes += records_offset(xq) + xq.m * (a.k / 32) * static_cast<int64_t>(sizeof(XRecord));
     if (a.t <= 1) {
-      set_grouped_dot<F, 1, T>(p.steps[2], a);
+      set_grouped_dot<F, 1, T>(p.steps[1], a);
     } else if (a.t <= 2) {
-      set_grouped_dot<F, 2, T>(p.steps[2], a);
+      set_grouped_dot<F, 2, T>(p.steps[1], a);
     } else if (a.t <= 4) {
-      set_grouped_dot<F, 4, T>(p.steps[2], a);
+      set_grouped_dot<F, 4, T>(p.steps[1], a);
     } else {
-      set_grouped_dot<F, 8, T>(p.steps[2], a);
+      set_grouped_dot<F, 8, T>(p.steps[1], a);
     }
   });
 }
@@ -240,15 +257,15 @@ MulMatIdPlan mul_mat_id_plan_typed(const MulMatIdArgs& a, int type, bool transpo
   if (!set_dot_steps<T>(p, a, type)) {
     with_weights(type, [&](auto weights) {
       p.steps[1].kernel = reinterpret_cast<const void*>(&grouped_float_kernel<decltype(weights), T>);
-      p.steps[1].grid = dim3(ceil_div(a.n, kFloatWarps), static_cast<unsigned>(a.e + 1));
+      p.steps[1].grid = dim3(ceil_div(a.n, kFloatWarps), busy_bound(a));
       p.steps[1].block = dim3(kFloatWarps * 32);
       return 0;
     });
     if (!p.steps[1].kernel) return {};
+    p.steps[0].kernel = reinterpret_cast<const void*>(&group_pairs_kernel);
+    p.steps[0].grid = dim3(1);
+    p.steps[0].block = dim3(kGroupThreads);
   }
-  p.steps[0].kernel = reinterpret_cast<const void*>(&group_pairs_kernel);
-  p.steps[0].grid = dim3(1);
-  p.steps[0].block = dim3(kGroupThreads);
   return p;
 }
 
@@ -259,7 +276,5 @@ MulMatIdPlan mul_mat_id_plan(const MulMatIdArgs& args, int ggml_type, FloatType 
                              return mul_mat_id_plan_typed<typename Storage<kType>::type>(args, ggml_type, transpose));
   return {};
 }
-
-QuantizedMatmulArgs mul_mat_id_quantize_args(const MulMatIdArgs& args) { return x_quantize_view(args); }
 
 }  // namespace ggml_ext::cuda
