@@ -17,6 +17,9 @@
 //      them (WarpDot of matmul_decode_dp4a.cuh: the decode route's __dp4a products, so the arithmetic is
 //      quantized_matmul's on m <= 8 rows). An expert with more pairs than MB reads its rows again for the next
 //      chunk, from L2 (the block's rows stay small: R * row_bytes per warp).
+//   A few tokens (t * n_used <= kOneLaunchPairs, a chunk's rows of x within 48 KB) take one launch instead,
+//   one_launch_dot_kernel (mul_mat_id_one_launch.cuh): each block finds its expert and pairs in the ids itself and
+//   quantizes the chunk's rows of x into its shared memory; no workspace.
 //   Other weights (float types, the decoded IQ/ternary types without an integer format, rows not 4-byte aligned):
 //   step 0 only groups, and step 1 is grouped_float_kernel, a warp per weight row, each 16-element chunk decoded once
 //   per chunk of 8 pairs by the shared chunk decoders of weights.cuh, float32 sums, its blocks mapped as step 1's.
@@ -29,12 +32,12 @@
 
 #include "kernels/cuda/matmul_decode_dp4a.cuh"
 #include "kernels/cuda/mul_mat_id_groups.cuh"
+#include "kernels/cuda/mul_mat_id_one_launch.cuh"
 #include "kernels/cuda/weights.cuh"
 
 namespace ggml_ext::cuda {
 namespace {
 
-constexpr int kDotWarps = 4;    // grouped_dot_kernel: warps per block, R weight rows each
 constexpr int kFloatWarps = 8;  // grouped_float_kernel: warps per block, one weight row each
 constexpr int kFloatChunk = 8;  // grouped_float_kernel: pairs per pass over a row
 constexpr int kThreads = 256;   // the transposed kernel
@@ -42,15 +45,8 @@ constexpr unsigned kMaxGridY = 65535;
 
 // x's quantize step: t * x_slots rows of k as one batch, written after the groups.
 __host__ __device__ inline QuantizedMatmulArgs x_quantize_view(const MulMatIdArgs& a) {
-  QuantizedMatmulArgs q{};
-  q.x = a.x;
-  q.w = a.w;
+  QuantizedMatmulArgs q = expert_view(a);
   q.workspace = a.workspace ? static_cast<uint8_t*>(a.workspace) + groups_bytes(a) : nullptr;
-  q.m = a.t * a.x_slots;
-  q.n = a.n;
-  q.k = a.k;
-  q.row_bytes = a.row_bytes;
-  q.batches = q.b2 = q.a2 = q.ratio2 = q.ratio3 = 1;
   return q;
 }
 
@@ -90,8 +86,7 @@ __global__ void __launch_bounds__(kDotWarps * 32) grouped_dot_kernel(MulMatIdArg
   if (e == a.e) return store_nan_rows<T>(a, g, n0, R, lane);
   const int64_t first = g.offsets[e], last = g.offsets[e + 1];
   const QuantizedMatmulArgs xq = x_quantize_view(a);
-  // The expert as a one-batch product whose weight_batch(view, e) is e (b2 = a2 = ratio2 = ratio3 = 1).
-  QuantizedMatmulArgs view = xq;
+  QuantizedMatmulArgs view = xq;  // m set per chunk
   constexpr int kG = lane_group<F, R>(), kUnroll = 4 / kG;  // as decode_direct_kernel: four x-blocks in flight
   const int groups = static_cast<int>(a.k / 32) / kG;
   for (int64_t c = first; c < last; c += MB) {
@@ -106,16 +101,7 @@ __global__ void __launch_bounds__(kDotWarps * 32) grouped_dot_kernel(MulMatIdArg
     WarpDot<F, MB, R, GatheredX<MB>> dot(view, n0, x, e);
 #pragma unroll kUnroll
     for (int p = lane; p < groups; p += 32) dot.template add<kG>(dot.rows, p, int64_t{p} * kG);
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-      for (int i = 0; i < MB; ++i) {
-        if (i < view.m) {
-          const float sum = warp_sum(dot.acc[r][i]);
-          if (lane == (r * MB + i) % 32 && n0 + r < a.n)
-            static_cast<T*>(a.y)[int64_t{pair[i]} * a.n + n0 + r] = from_float<T>(sum);
-        }
-      }
+    store_pair_sums<T>(a, dot, pair, static_cast<int>(view.m), n0, lane);
   }
 }
 
@@ -205,11 +191,20 @@ bool with_dot_format(int type, Make&& make) {
   return false;
 }
 
+// The dot step with MB pairs per chunk: one launch (one_launch_dot_kernel, no workspace) where the pairs fit one
+// block and a chunk's rows of x its shared memory, else step 1 after step 0.
 template <class F, int MB, typename T>
-void set_grouped_dot(KernelLaunch& l, const MulMatIdArgs& a) {
-  l.kernel = reinterpret_cast<const void*>(&grouped_dot_kernel<F, MB, T>);
-  l.grid = dim3(ceil_div(a.n, kDotWarps * rows_per_warp<MB>()), busy_bound(a));
-  l.block = dim3(kDotWarps * 32);
+void set_grouped_dot(MulMatIdPlan& p, const MulMatIdArgs& a) {
+  const dim3 grid(ceil_div(a.n, kDotWarps * rows_per_warp<MB>()), busy_bound(a)), block(kDotWarps * 32);
+  const int64_t shared = one_launch_shared_bytes<MB>(a);
+  if (pair_count(a) <= kOneLaunchPairs && shared <= kOneLaunchShared) {
+    p.steps[0] = KernelLaunch{reinterpret_cast<const void*>(&one_launch_dot_kernel<F, MB, T>), grid, block,
+                              static_cast<unsigned>(shared)};
+    p.steps[1] = KernelLaunch{};
+    p.workspace_bytes = 0;
+    return;
+  }
+  p.steps[1] = KernelLaunch{reinterpret_cast<const void*>(&grouped_dot_kernel<F, MB, T>), grid, block};
 }
 
 // The two steps of the integer dots, where they take the weight. The pairs per chunk (MB, as the decode route's rows
@@ -228,13 +223,13 @@ bool set_dot_steps(MulMatIdPlan& p, const MulMatIdArgs& a, int type) {
     first.block = dim3(kGroupThreads);
     p.workspace_bytes += records_offset(xq) + xq.m * (a.k / 32) * static_cast<int64_t>(sizeof(XRecord));
     if (a.t <= 1) {
-      set_grouped_dot<F, 1, T>(p.steps[1], a);
+      set_grouped_dot<F, 1, T>(p, a);
     } else if (a.t <= 2) {
-      set_grouped_dot<F, 2, T>(p.steps[1], a);
+      set_grouped_dot<F, 2, T>(p, a);
     } else if (a.t <= 4) {
-      set_grouped_dot<F, 4, T>(p.steps[1], a);
+      set_grouped_dot<F, 4, T>(p, a);
     } else {
-      set_grouped_dot<F, 8, T>(p.steps[1], a);
+      set_grouped_dot<F, 8, T>(p, a);
     }
   });
 }

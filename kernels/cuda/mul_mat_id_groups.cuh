@@ -109,15 +109,20 @@ __device__ __forceinline__ int64_t x_row_of_pair(const MulMatIdArgs& a, int64_t 
   return a.x_slots == 1 ? p / a.n_used : p;
 }
 
-// Bucket e (the bad ids): NaN in rows n0 .. n0 + rows - 1 (those below n) of every pair's output, a warp's lanes
-// taking them in turn.
+// Bucket e (the bad ids, `pairs` of them listed in `list`): NaN in rows n0 .. n0 + rows - 1 (those below n) of
+// every such pair's output, a warp's lanes taking them in turn.
 template <typename T>
-__device__ void store_nan_rows(const MulMatIdArgs& a, const PairGroups& g, int64_t n0, int rows, int lane) {
-  const int64_t first = g.offsets[a.e], pairs = g.offsets[a.e + 1] - first;
+__device__ void store_nan_rows(const MulMatIdArgs& a, const int32_t* list, int64_t pairs, int64_t n0, int rows,
+                               int lane) {
   for (int64_t i = lane; i < pairs * rows; i += 32) {
     const int64_t n = n0 + i % rows;
-    if (n < a.n) static_cast<T*>(a.y)[g.sorted[first + i / rows] * a.n + n] = from_float<T>(NAN);
+    if (n < a.n) static_cast<T*>(a.y)[list[i / rows] * a.n + n] = from_float<T>(NAN);
   }
+}
+// The same for the grouped buckets of step 0.
+template <typename T>
+__device__ void store_nan_rows(const MulMatIdArgs& a, const PairGroups& g, int64_t n0, int rows, int lane) {
+  store_nan_rows<T>(a, g.sorted + g.offsets[a.e], g.offsets[a.e + 1] - g.offsets[a.e], n0, rows, lane);
 }
 
 }  // namespace
