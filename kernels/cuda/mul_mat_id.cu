@@ -27,7 +27,8 @@
 //   weight memory is addressed for them (the op raises ValueError at graph-building time for ids already
 //   evaluated).
 //
-// The transposed product (x's gradient) is not grouped: a thread per (pair, 16 elements of K), one step.
+// The transposed product (x's gradient): group_pairs_kernel, then grouped_transposed_kernel, a thread per 16
+// elements of K of a busy expert, each decoded chunk of the expert's rows used for 4 of its pairs at a time.
 #include <cmath>
 
 #include "kernels/cuda/matmul_decode_dp4a.cuh"
@@ -40,8 +41,9 @@ namespace {
 
 constexpr int kFloatWarps = 8;  // grouped_float_kernel: warps per block, one weight row each
 constexpr int kFloatChunk = 8;  // grouped_float_kernel: pairs per pass over a row
-constexpr int kThreads = 256;   // the transposed kernel
-constexpr unsigned kMaxGridY = 65535;
+constexpr int kTransposedThreads = 128;  // grouped_transposed_kernel: 16-element chunks of K per block
+constexpr int kTransposedPairs = 4;      // grouped_transposed_kernel: pairs per pass over an expert's rows
+constexpr int64_t kMaxGridZ = 65535;
 
 // x's quantize step: t * x_slots rows of k as one batch, written after the groups.
 __host__ __device__ inline QuantizedMatmulArgs x_quantize_view(const MulMatIdArgs& a) {
@@ -152,32 +154,52 @@ __global__ void __launch_bounds__(kFloatWarps * 32) grouped_float_kernel(MulMatI
   }
 }
 
-// Transposed (x's gradient): a thread per (pair, 16-element chunk of K), summing x[p, n] * W[id, n, chunk] over n.
+// Transposed (x's gradient), step 1 after group_pairs_kernel: thread i of block (bx, y, z) takes 16-element chunk
+// c = bx * kTransposedThreads + i of K for the pairs of busy expert y (e), kTransposedPairs at a time (chunks z,
+// z + gridDim.z, .. of the expert's pairs): each row's chunk W[e, n, c] is decoded once per pass for all of them,
+// and y[p, c] sums x[p, n] * W[e, n, c] over n in the order of the ungrouped kernel it replaced (a thread per pair
+// that decoded the whole expert again for every pair).
 template <typename W, typename T>
-__global__ void __launch_bounds__(kThreads) mul_mat_id_transposed(MulMatIdArgs a) {
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+__global__ void __launch_bounds__(kTransposedThreads) grouped_transposed_kernel(MulMatIdArgs a) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kTransposedThreads + threadIdx.x;
   if (c * 16 >= a.k) return;
-  const int64_t pairs = a.t * a.n_used;
-  for (int64_t p = blockIdx.y; p < pairs; p += gridDim.y) {
-    const int32_t id = a.ids[p];
-    T* y = static_cast<T*>(a.y) + p * a.k + c * 16;
-    const int valid = static_cast<int>(a.k - c * 16 < 16 ? a.k - c * 16 : 16);
-    float acc[16] = {};
-    if (valid_expert(id, a.e)) {
-      const T* x = static_cast<const T*>(a.x) + p * a.n;
-      const uint8_t* rows = static_cast<const uint8_t*>(a.w) + id * a.n * a.row_bytes;
-      for (int64_t n = 0; n < a.n; ++n) {
-        float w[16];
-        W::row_chunk(rows + n * a.row_bytes, c, a.k, w);
-        const float xn = to_float(x[n]);
+  const PairGroups g(a);
+  const int64_t e = g.bucket_of_block(blockIdx.y);
+  if (e < 0) return;
+  const int64_t first = g.offsets[e], last = g.offsets[e + 1];
+  const int valid = static_cast<int>(a.k - c * 16 < 16 ? a.k - c * 16 : 16);
+  const bool bad = e == a.e;  // ids outside [0, e): NaN, no weight addressed
+  const uint8_t* rows = static_cast<const uint8_t*>(a.w) + (bad ? 0 : e * a.n * a.row_bytes);
+  for (int64_t q = first + int64_t{blockIdx.z} * kTransposedPairs; q < last;
+       q += int64_t{gridDim.z} * kTransposedPairs) {
+    const int m = static_cast<int>(last - q < kTransposedPairs ? last - q : kTransposedPairs);
+    int32_t pair[kTransposedPairs];
+    const T* xs[kTransposedPairs];
 #pragma unroll
-        for (int j = 0; j < 16; ++j) acc[j] += xn * w[j];
-      }
-    } else {
-#pragma unroll
-      for (int j = 0; j < 16; ++j) acc[j] = NAN;
+    for (int i = 0; i < kTransposedPairs; ++i) {
+      pair[i] = g.sorted[i < m ? q + i : q];
+      xs[i] = static_cast<const T*>(a.x) + int64_t{pair[i]} * a.n;
     }
-    for (int j = 0; j < valid; ++j) y[j] = from_float<T>(acc[j]);
+    float acc[kTransposedPairs][16];
+#pragma unroll
+    for (int i = 0; i < kTransposedPairs; ++i)
+#pragma unroll
+      for (int j = 0; j < 16; ++j) acc[i][j] = bad ? NAN : 0.0f;
+    for (int64_t n = 0; n < (bad ? 0 : a.n); ++n) {
+      float w[16];
+      W::row_chunk(rows + n * a.row_bytes, c, a.k, w);  // once for the pass's m pairs
+#pragma unroll
+      for (int i = 0; i < kTransposedPairs; ++i) {
+        if (i >= m) break;
+        const float xn = to_float(xs[i][n]);
+#pragma unroll
+        for (int j = 0; j < 16; ++j) acc[i][j] += xn * w[j];
+      }
+    }
+    for (int i = 0; i < m; ++i) {
+      T* y = static_cast<T*>(a.y) + int64_t{pair[i]} * a.k + c * 16;
+      for (int j = 0; j < valid; ++j) y[j] = from_float<T>(acc[i][j]);
+    }
   }
 }
 
@@ -234,21 +256,31 @@ bool set_dot_steps(MulMatIdPlan& p, const MulMatIdArgs& a, int type) {
   });
 }
 
+// Step 0 where it only groups the pairs.
+void set_group_step(MulMatIdPlan& p) {
+  p.steps[0].kernel = reinterpret_cast<const void*>(&group_pairs_kernel);
+  p.steps[0].grid = dim3(1);
+  p.steps[0].block = dim3(kGroupThreads);
+}
+
 template <typename T>
 MulMatIdPlan mul_mat_id_plan_typed(const MulMatIdArgs& a, int type, bool transpose) {
   MulMatIdPlan p;
+  p.workspace_bytes = groups_bytes(a);
   if (transpose) {
-    const int64_t pairs = pair_count(a);
+    // Pair chunks per expert along z: a top-k router gives an expert at most t pairs (more take more passes).
+    const int64_t chunks = ceil_div(a.t, kTransposedPairs);
     with_weights(type, [&](auto weights) {
-      p.steps[0].kernel = reinterpret_cast<const void*>(&mul_mat_id_transposed<decltype(weights), T>);
-      p.steps[0].grid =
-          dim3(ceil_div((a.k + 15) / 16, kThreads), static_cast<unsigned>(pairs < kMaxGridY ? pairs : kMaxGridY));
-      p.steps[0].block = dim3(kThreads);
+      p.steps[1].kernel = reinterpret_cast<const void*>(&grouped_transposed_kernel<decltype(weights), T>);
+      p.steps[1].grid = dim3(ceil_div((a.k + 15) / 16, kTransposedThreads), busy_bound(a),
+                             static_cast<unsigned>(chunks < kMaxGridZ ? chunks : kMaxGridZ));
+      p.steps[1].block = dim3(kTransposedThreads);
       return 0;
     });
+    if (!p.steps[1].kernel) return {};
+    set_group_step(p);
     return p;
   }
-  p.workspace_bytes = groups_bytes(a);
   if (!set_dot_steps<T>(p, a, type)) {
     with_weights(type, [&](auto weights) {
       p.steps[1].kernel = reinterpret_cast<const void*>(&grouped_float_kernel<decltype(weights), T>);
@@ -257,9 +289,7 @@ MulMatIdPlan mul_mat_id_plan_typed(const MulMatIdArgs& a, int type, bool transpo
       return 0;
     });
     if (!p.steps[1].kernel) return {};
-    p.steps[0].kernel = reinterpret_cast<const void*>(&group_pairs_kernel);
-    p.steps[0].grid = dim3(1);
-    p.steps[0].block = dim3(kGroupThreads);
+    set_group_step(p);
   }
   return p;
 }
