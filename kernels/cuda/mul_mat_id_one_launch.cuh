@@ -13,7 +13,7 @@ namespace {
 
 constexpr int kDotWarps = 4;              // both dot kernels: warps per block, R weight rows each
 constexpr int kOneLaunchPairs = 64;       // pairs one block groups by itself (t <= 8 tokens of up to 8 experts)
-constexpr int64_t kOneLaunchShared = 48 * 1024;  // the chunk's quantized rows of x (no opt-in above 48 KB)
+constexpr int64_t kOneLaunchShared = 48 * 1024;  // the chunk's quantized rows of x: several blocks per SM
 static_assert(kDotWarps * 32 >= kOneLaunchPairs, "a thread per pair");
 
 // The experts as one product of one batch (b2 = a2 = ratio2 = ratio3 = 1, so weight_batch(view, e) is e), m set per
