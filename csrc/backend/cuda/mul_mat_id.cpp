@@ -1,5 +1,5 @@
-// CUDA eval_gpu of MulMatId (kernels/cuda/mul_mat_id.cu: the pairs grouped by expert on the device, x quantized in
-// the same launch, then each expert's rows read once per chunk of its pairs: two kernel nodes).
+// CUDA eval_gpu of MulMatId (kernels/cuda/mul_mat_id.cu: the pairs grouped by expert on the device, then each
+// expert's rows read once per chunk of its pairs; one kernel node for a few tokens, two otherwise).
 #include "csrc/mul_mat_id.h"
 
 #include "csrc/backend/cuda/launch.h"
