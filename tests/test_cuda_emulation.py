@@ -608,7 +608,8 @@ def test_decode_float_weights(kernels, t, x_type, m):
 # Forward: the (token, slot) pairs grouped by expert on the device (kernels/cuda/mul_mat_id_groups.cuh), then each
 # expert's rows decoded once per chunk of up to 8 of its pairs: quantized weights with rows on 4-byte boundaries take
 # the decode route's integer dots (x quantized to int8 per 32: test_decode's rule against ggml's own scheme), the
-# others the float chunk decoders (float32 sums). The transposed product (x's gradient) is not grouped.
+# others the float chunk decoders (float32 sums). The transposed product (x's gradient) is grouped too, each decoded
+# chunk of an expert's rows used for up to 4 of its pairs.
 
 def int_dot_route(t: GGMLType, k: int) -> bool:
     """Whether the forward product takes the integer dots: a layout type (not float, not gguf-decoded) whose rows
@@ -719,3 +720,31 @@ def test_mul_mat_id_skewed_routing(kernels, t, case):
     for x_type, slots in [(F32, ids.shape[1])] + ([(BF16, 1)] if case == "300_pairs" else []):
         got, exact, theirs = mul_mat_id_case(kernels, t, x_type, ids, E, n, k, slots, False, seed=int(t) + x_type)
         assert_mul_mat_id(got, exact, theirs, t, x_type, k, False, f"{case} x_type={x_type}")
+
+
+@pytest.mark.parametrize("t", [GGMLType.Q4_K, GGMLType.F16], ids=lambda t: t.name)
+@pytest.mark.parametrize("case", ["4100_experts", "wide_x", "transposed_one_expert"])
+def test_mul_mat_id_launch_shapes(kernels, t, case):
+    """The plans the cases above do not reach: 68 pairs (more than the one-launch kernel groups in a block: the
+    grouping launch, then the dot kernel) over 4100 experts (bucket counts in the workspace rather than shared
+    memory), two tokens naming the same experts, so fewer experts have pairs than the grid has rows of blocks;
+    8 tokens of K = 5120 (a chunk's 8 rows of x past the one-launch kernel's shared memory: two launches); the
+    transposed product with 20 pairs on one expert (5 passes of 4 over 2 blocks along z, a bad id)."""
+    rng = np.random.default_rng(11)
+    if case == "transposed_one_expert":
+        ids, E = skewed_ids("one_expert")
+        n, k = 20, 67 if t.is_float else 256
+        got, exact, _ = mul_mat_id_case(kernels, t, F32, ids, E, n, k, ids.shape[1], True, seed=int(t))
+        assert_mul_mat_id(got, exact, None, t, F32, k, True, case)
+        return
+    if case == "4100_experts":
+        E, n, k = 4100, 8, 67 if t.is_float else 256
+        ids = rng.integers(0, E, (17, 4)).astype(np.int32)
+        ids[1] = ids[0]
+        ids[5, 1], ids[9, 2] = E, -3
+    else:
+        E, n, k = 4, 8, 5120
+        ids = np.stack([rng.permutation(E)[:2] for _ in range(8)]).astype(np.int32)
+        ids[3, 1] = -1
+    got, exact, theirs = mul_mat_id_case(kernels, t, F32, ids, E, n, k, ids.shape[1], False, seed=int(t))
+    assert_mul_mat_id(got, exact, theirs, t, F32, k, False, case)

@@ -129,18 +129,15 @@ struct MulMatIdArgs {
   int64_t k;
   int64_t row_bytes;
 };
-// What to run, in order on one stream, after the caller has pointed args.workspace at workspace_bytes of device
-// memory: the forward product groups the pairs by expert on the device (step 0), may quantize x (the step
-// quantize_step, which takes mul_mat_id_quantize_args(args) instead of args), then multiplies each expert's group.
+// What to run, in order on one stream, each step with args, after the caller has pointed args.workspace at
+// workspace_bytes of device memory: the forward product groups the pairs by expert on the device (step 0, which
+// may also quantize x), then multiplies each expert's group (step 1); the transposed product is one step.
 // steps[0].kernel == nullptr for a type id the kernels do not know.
 struct MulMatIdPlan {
-  static constexpr int kMaxSteps = 3;
+  static constexpr int kMaxSteps = 2;
   KernelLaunch steps[kMaxSteps];
-  int quantize_step = -1;  // -1: none
   int64_t workspace_bytes = 0;
 };
 MulMatIdPlan mul_mat_id_plan(const MulMatIdArgs& args, int ggml_type, FloatType x_type, bool transpose);
-// The argument struct of the quantize step: x's t * x_slots rows, quantized into the plan's workspace.
-QuantizedMatmulArgs mul_mat_id_quantize_args(const MulMatIdArgs& args);
 
 }  // namespace ggml_ext::cuda

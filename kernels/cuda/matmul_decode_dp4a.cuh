@@ -106,11 +106,14 @@ struct WarpDot {
   const typename F::Context ctx;
   float acc[R][MB] = {};
 
-  __device__ WarpDot(const QuantizedMatmulArgs& args, int64_t first_row, const X& source)
-      : a(args), n0(first_row), z(blockIdx.y), xblocks(args.k / 32), m(static_cast<int>(args.m)), x(source) {
+  // z: the batch (of x and the weight), blockIdx.y unless the kernel maps its blocks otherwise (mul_mat_id).
+  __device__ WarpDot(const QuantizedMatmulArgs& args, int64_t first_row, const X& source, int64_t batch)
+      : a(args), n0(first_row), z(batch), xblocks(args.k / 32), m(static_cast<int>(args.m)), x(source) {
 #pragma unroll
     for (int r = 0; r < R; ++r) rows[r] = weight_row(a, z, n0 + r);
   }
+  __device__ WarpDot(const QuantizedMatmulArgs& args, int64_t first_row, const X& source)
+      : WarpDot(args, first_row, source, blockIdx.y) {}
   __device__ WarpDot(const QuantizedMatmulArgs& args, int64_t first_row)
       : WarpDot(args, first_row, GlobalX{x_codes(args, blockIdx.y), x_records(args, blockIdx.y), args.k}) {}
 

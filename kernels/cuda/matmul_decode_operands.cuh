@@ -66,9 +66,9 @@ __device__ __forceinline__ void load_x4(const T* src, bool vector, float (&v)[4]
 // kByBlock: the codes and records of batch z ordered by x-block, then row of x (for decode_fragment_kernel, whose
 // lanes read one x-block of every row of x at once); else by row of x, then x-block (the dp4a kernels, whose
 // lanes read consecutive x-blocks of one row).
+// Thread t of the step (8 per x-block); every thread of a warp calls it (they shuffle together).
 template <typename T, bool kByBlock>
-__global__ void __launch_bounds__(kQuantizeThreads) quantize_x_kernel(QuantizedMatmulArgs a) {
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * kQuantizeThreads + threadIdx.x;
+__device__ __forceinline__ void quantize_x_thread(const QuantizedMatmulArgs& a, int64_t t) {
   const int64_t xb = t / 8, blocks = a.batches * a.m * (a.k / 32);
   const int part = static_cast<int>(t % 8);
   const bool valid = xb < blocks;  // no early exit: the 8 threads of an x-block shuffle together
@@ -102,6 +102,10 @@ __global__ void __launch_bounds__(kQuantizeThreads) quantize_x_kernel(QuantizedM
     const int s0 = static_cast<int>(half), s1 = static_cast<int>(other);
     reinterpret_cast<XRecord*>(ws + records_offset(a))[slot] = XRecord{scale.d, (s0 & 0xFFFF) | (s1 << 16)};
   }
+}
+template <typename T, bool kByBlock>
+__global__ void __launch_bounds__(kQuantizeThreads) quantize_x_kernel(QuantizedMatmulArgs a) {
+  quantize_x_thread<T, kByBlock>(a, static_cast<int64_t>(blockIdx.x) * kQuantizeThreads + threadIdx.x);
 }
 
 // An XRecord read as an int2: x-block's scale and the code sums of its halves.

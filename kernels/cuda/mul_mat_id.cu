@@ -2,51 +2,53 @@
 // up to 8 of the (token, slot) pairs routed to it, not once per pair. Everything stays on the device (the ids are
 // read by the kernels, no host round trip), so the launches record into MLX's CUDA graph like any other.
 //
-// Forward product, three steps (mul_mat_id_plan) on one workspace:
-//   0. group_pairs_kernel (mul_mat_id_groups.cuh): the pairs sorted by expert (stable), with per-expert offsets.
-//   1. Quantized weights whose rows start on 4-byte boundaries (every layout type with whole 32-element x-blocks):
-//      x's t * x_slots rows quantized to int8 per 32 elements with a float scale (matmul_decode_operands.cuh's
-//      quantize_x_kernel, the decode route's step 0), into the workspace after the groups.
-//   2. grouped_dot_kernel: grid (weight-row tiles, experts + 1). A warp owns R rows of its expert and walks the
-//      expert's pairs in chunks of MB (1, 2, 4 or 8: up to t, set_dot_steps): the chunk's rows of x
-//      are gathered through the sorted pair list (GatheredX), and each x-block group of the warp's weight rows is
-//      read and decoded once for all of them (WarpDot of matmul_decode_dp4a.cuh: the decode route's __dp4a
-//      products, so the arithmetic is quantized_matmul's on m <= 8 rows). An expert with more pairs than MB reads
-//      its rows again for the next chunk, from L2 (the block's rows stay small: R * row_bytes per warp).
+// Forward product, two launches (mul_mat_id_plan) on one workspace:
+//   0. group_pairs (mul_mat_id_groups.cuh, block 0): the pairs sorted by expert, per-expert offsets and the list of
+//      the experts that have pairs. For quantized weights whose rows start on 4-byte boundaries (every layout type
+//      with whole 32-element x-blocks) the same launch's other blocks quantize x's t * x_slots rows to int8 per 32
+//      elements with a float scale (quantize_x_thread of matmul_decode_operands.cuh, the decode route's step 0)
+//      into the workspace after the groups: one kernel node where there were two (each costs host time in MLX's
+//      CUDA graph).
+//   1. grouped_dot_kernel: grid (weight-row tiles, busy_bound): block row y takes the y-th expert that has pairs
+//      (at most min(e + 1, t * n_used) of them, so a decode of 8 of 128 experts launches 8 rows of blocks, not 129;
+//      the rows past the list's length exit). A warp owns R rows of its expert and walks the expert's pairs in
+//      chunks of MB (1, 2, 4 or 8: up to t, set_dot_steps): the chunk's rows of x are gathered through the sorted
+//      pair list (GatheredX), and each x-block group of the warp's weight rows is read and decoded once for all of
+//      them (WarpDot of matmul_decode_dp4a.cuh: the decode route's __dp4a products, so the arithmetic is
+//      quantized_matmul's on m <= 8 rows). An expert with more pairs than MB reads its rows again for the next
+//      chunk, from L2 (the block's rows stay small: R * row_bytes per warp).
+//   A few tokens (t * n_used <= kOneLaunchPairs, a chunk's rows of x within 48 KB) take one launch instead,
+//   one_launch_dot_kernel (mul_mat_id_one_launch.cuh): each block finds its expert and pairs in the ids itself and
+//   quantizes the chunk's rows of x into its shared memory; no workspace.
 //   Other weights (float types, the decoded IQ/ternary types without an integer format, rows not 4-byte aligned):
-//   step 1 is grouped_float_kernel, a warp per weight row, each 16-element chunk decoded once per chunk of 8 pairs
-//   by the shared chunk decoders of weights.cuh, float32 sums.
-//   The extra bucket past the experts (grid y = e) holds the pairs whose id is outside [0, e): their output rows are
-//   NaN and no weight memory is addressed for them (the op raises ValueError at graph-building time for ids
-//   already evaluated).
+//   step 0 only groups, and step 1 is grouped_float_kernel, a warp per weight row, each 16-element chunk decoded once
+//   per chunk of 8 pairs by the shared chunk decoders of weights.cuh, float32 sums, its blocks mapped as step 1's.
+//   The bucket past the experts (e) holds the pairs whose id is outside [0, e): their output rows are NaN and no
+//   weight memory is addressed for them (the op raises ValueError at graph-building time for ids already
+//   evaluated).
 //
-// The transposed product (x's gradient) is not grouped: a thread per (pair, 16 elements of K), one step.
+// The transposed product (x's gradient): group_pairs_kernel, then grouped_transposed_kernel, a thread per 16
+// elements of K of a busy expert, each decoded chunk of the expert's rows used for 4 of its pairs at a time.
 #include <cmath>
 
 #include "kernels/cuda/matmul_decode_dp4a.cuh"
 #include "kernels/cuda/mul_mat_id_groups.cuh"
+#include "kernels/cuda/mul_mat_id_one_launch.cuh"
 #include "kernels/cuda/weights.cuh"
 
 namespace ggml_ext::cuda {
 namespace {
 
-constexpr int kDotWarps = 4;    // grouped_dot_kernel: warps per block, R weight rows each
 constexpr int kFloatWarps = 8;  // grouped_float_kernel: warps per block, one weight row each
 constexpr int kFloatChunk = 8;  // grouped_float_kernel: pairs per pass over a row
-constexpr int kThreads = 256;   // the transposed kernel
-constexpr unsigned kMaxGridY = 65535;
+constexpr int kTransposedThreads = 128;  // grouped_transposed_kernel: 16-element chunks of K per block
+constexpr int kTransposedPairs = 4;      // grouped_transposed_kernel: pairs per pass over an expert's rows
+constexpr int64_t kMaxGridZ = 65535;
 
 // x's quantize step: t * x_slots rows of k as one batch, written after the groups.
 __host__ __device__ inline QuantizedMatmulArgs x_quantize_view(const MulMatIdArgs& a) {
-  QuantizedMatmulArgs q{};
-  q.x = a.x;
-  q.w = a.w;
+  QuantizedMatmulArgs q = expert_view(a);
   q.workspace = a.workspace ? static_cast<uint8_t*>(a.workspace) + groups_bytes(a) : nullptr;
-  q.m = a.t * a.x_slots;
-  q.n = a.n;
-  q.k = a.k;
-  q.row_bytes = a.row_bytes;
-  q.batches = q.b2 = q.a2 = q.ratio2 = q.ratio3 = 1;
   return q;
 }
 
@@ -62,20 +64,31 @@ struct GatheredX {
   }
 };
 
-// Step 2 of quantized weights (rows on 4-byte boundaries): warp w of block (bx, e) takes rows
-// n0 = (bx * kDotWarps + w) * R .. n0 + R - 1 of expert e for each chunk of its pairs.
+// Step 0 of the integer dots: block 0 groups the pairs, blocks 1 .. quantize x (kQuantizeThreads threads each, 8
+// per x-block). The blocks do not wait for one another: step 1 reads both results.
+static_assert(kGroupThreads == kQuantizeThreads, "one block size for both parts of the launch");
+template <typename T>
+__global__ void __launch_bounds__(kGroupThreads) group_and_quantize_kernel(MulMatIdArgs a) {
+  if (blockIdx.x == 0) return group_pairs(a);
+  quantize_x_thread<T, false>(x_quantize_view(a),
+                              static_cast<int64_t>(blockIdx.x - 1) * kQuantizeThreads + threadIdx.x);
+}
+
+// Step 1 of quantized weights (rows on 4-byte boundaries): warp w of block (bx, y) takes rows
+// n0 = (bx * kDotWarps + w) * R .. n0 + R - 1 of busy expert y (e) for each chunk of its pairs.
 template <class F, int MB, typename T>
 __global__ void __launch_bounds__(kDotWarps * 32) grouped_dot_kernel(MulMatIdArgs a) {
   constexpr int R = rows_per_warp<MB>();
   const int lane = threadIdx.x % 32;
-  const int64_t e = blockIdx.y, n0 = (static_cast<int64_t>(blockIdx.x) * kDotWarps + threadIdx.x / 32) * R;
+  const int64_t n0 = (static_cast<int64_t>(blockIdx.x) * kDotWarps + threadIdx.x / 32) * R;
   if (n0 >= a.n) return;  // the whole warp
   const PairGroups g(a);
+  const int64_t e = g.bucket_of_block(blockIdx.y);
+  if (e < 0) return;  // fewer experts have pairs than the grid has rows
   if (e == a.e) return store_nan_rows<T>(a, g, n0, R, lane);
   const int64_t first = g.offsets[e], last = g.offsets[e + 1];
   const QuantizedMatmulArgs xq = x_quantize_view(a);
-  // The expert as a one-batch product whose weight_batch(view, e) is e (b2 = a2 = ratio2 = ratio3 = 1).
-  QuantizedMatmulArgs view = xq;
+  QuantizedMatmulArgs view = xq;  // m set per chunk
   constexpr int kG = lane_group<F, R>(), kUnroll = 4 / kG;  // as decode_direct_kernel: four x-blocks in flight
   const int groups = static_cast<int>(a.k / 32) / kG;
   for (int64_t c = first; c < last; c += MB) {
@@ -87,30 +100,23 @@ __global__ void __launch_bounds__(kDotWarps * 32) grouped_dot_kernel(MulMatIdArg
       pair[i] = g.sorted[i < view.m ? c + i : c];
       x.row[i] = static_cast<int32_t>(x_row_of_pair(a, pair[i]));
     }
-    WarpDot<F, MB, R, GatheredX<MB>> dot(view, n0, x);
+    WarpDot<F, MB, R, GatheredX<MB>> dot(view, n0, x, e);
 #pragma unroll kUnroll
     for (int p = lane; p < groups; p += 32) dot.template add<kG>(dot.rows, p, int64_t{p} * kG);
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-      for (int i = 0; i < MB; ++i) {
-        if (i < view.m) {
-          const float sum = warp_sum(dot.acc[r][i]);
-          if (lane == (r * MB + i) % 32 && n0 + r < a.n)
-            static_cast<T*>(a.y)[int64_t{pair[i]} * a.n + n0 + r] = from_float<T>(sum);
-        }
-      }
+    store_pair_sums<T>(a, dot, pair, static_cast<int>(view.m), n0, lane);
   }
 }
 
-// Step 1 of the other weights: warp w of block (bx, e) takes row n = bx * kFloatWarps + w of expert e; its lanes
+// Step 1 of the other weights: warp w of block (bx, y) takes row n = bx * kFloatWarps + w of busy expert y; its lanes
 // take the row's 16-element chunks in turn, each decoded once per kFloatChunk pairs.
 template <typename W, typename T>
 __global__ void __launch_bounds__(kFloatWarps * 32) grouped_float_kernel(MulMatIdArgs a) {
   const int lane = threadIdx.x % 32;
-  const int64_t e = blockIdx.y, n = static_cast<int64_t>(blockIdx.x) * kFloatWarps + threadIdx.x / 32;
+  const int64_t n = static_cast<int64_t>(blockIdx.x) * kFloatWarps + threadIdx.x / 32;
   if (n >= a.n) return;  // the whole warp
   const PairGroups g(a);
+  const int64_t e = g.bucket_of_block(blockIdx.y);
+  if (e < 0) return;
   if (e == a.e) return store_nan_rows<T>(a, g, n, 1, lane);
   const uint8_t* row = static_cast<const uint8_t*>(a.w) + (e * a.n + n) * a.row_bytes;
   const bool vector = a.k % 16 == 0 && aligned(a.x, 16);  // every row of x starts on a 16-byte boundary
@@ -148,32 +154,52 @@ __global__ void __launch_bounds__(kFloatWarps * 32) grouped_float_kernel(MulMatI
   }
 }
 
-// Transposed (x's gradient): a thread per (pair, 16-element chunk of K), summing x[p, n] * W[id, n, chunk] over n.
+// Transposed (x's gradient), step 1 after group_pairs_kernel: thread i of block (bx, y, z) takes 16-element chunk
+// c = bx * kTransposedThreads + i of K for the pairs of busy expert y (e), kTransposedPairs at a time (chunks z,
+// z + gridDim.z, .. of the expert's pairs): each row's chunk W[e, n, c] is decoded once per pass for all of them,
+// and y[p, c] sums x[p, n] * W[e, n, c] over n in the order of the ungrouped kernel it replaced (a thread per pair
+// that decoded the whole expert again for every pair).
 template <typename W, typename T>
-__global__ void __launch_bounds__(kThreads) mul_mat_id_transposed(MulMatIdArgs a) {
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+__global__ void __launch_bounds__(kTransposedThreads) grouped_transposed_kernel(MulMatIdArgs a) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kTransposedThreads + threadIdx.x;
   if (c * 16 >= a.k) return;
-  const int64_t pairs = a.t * a.n_used;
-  for (int64_t p = blockIdx.y; p < pairs; p += gridDim.y) {
-    const int32_t id = a.ids[p];
-    T* y = static_cast<T*>(a.y) + p * a.k + c * 16;
-    const int valid = static_cast<int>(a.k - c * 16 < 16 ? a.k - c * 16 : 16);
-    float acc[16] = {};
-    if (valid_expert(id, a.e)) {
-      const T* x = static_cast<const T*>(a.x) + p * a.n;
-      const uint8_t* rows = static_cast<const uint8_t*>(a.w) + id * a.n * a.row_bytes;
-      for (int64_t n = 0; n < a.n; ++n) {
-        float w[16];
-        W::row_chunk(rows + n * a.row_bytes, c, a.k, w);
-        const float xn = to_float(x[n]);
+  const PairGroups g(a);
+  const int64_t e = g.bucket_of_block(blockIdx.y);
+  if (e < 0) return;
+  const int64_t first = g.offsets[e], last = g.offsets[e + 1];
+  const int valid = static_cast<int>(a.k - c * 16 < 16 ? a.k - c * 16 : 16);
+  const bool bad = e == a.e;  // ids outside [0, e): NaN, no weight addressed
+  const uint8_t* rows = static_cast<const uint8_t*>(a.w) + (bad ? 0 : e * a.n * a.row_bytes);
+  for (int64_t q = first + int64_t{blockIdx.z} * kTransposedPairs; q < last;
+       q += int64_t{gridDim.z} * kTransposedPairs) {
+    const int m = static_cast<int>(last - q < kTransposedPairs ? last - q : kTransposedPairs);
+    int32_t pair[kTransposedPairs];
+    const T* xs[kTransposedPairs];
 #pragma unroll
-        for (int j = 0; j < 16; ++j) acc[j] += xn * w[j];
-      }
-    } else {
-#pragma unroll
-      for (int j = 0; j < 16; ++j) acc[j] = NAN;
+    for (int i = 0; i < kTransposedPairs; ++i) {
+      pair[i] = g.sorted[i < m ? q + i : q];
+      xs[i] = static_cast<const T*>(a.x) + int64_t{pair[i]} * a.n;
     }
-    for (int j = 0; j < valid; ++j) y[j] = from_float<T>(acc[j]);
+    float acc[kTransposedPairs][16];
+#pragma unroll
+    for (int i = 0; i < kTransposedPairs; ++i)
+#pragma unroll
+      for (int j = 0; j < 16; ++j) acc[i][j] = bad ? NAN : 0.0f;
+    for (int64_t n = 0; n < (bad ? 0 : a.n); ++n) {
+      float w[16];
+      W::row_chunk(rows + n * a.row_bytes, c, a.k, w);  // once for the pass's m pairs
+#pragma unroll
+      for (int i = 0; i < kTransposedPairs; ++i) {
+        if (i >= m) break;
+        const float xn = to_float(xs[i][n]);
+#pragma unroll
+        for (int j = 0; j < 16; ++j) acc[i][j] += xn * w[j];
+      }
+    }
+    for (int i = 0; i < m; ++i) {
+      T* y = static_cast<T*>(a.y) + int64_t{pair[i]} * a.k + c * 16;
+      for (int j = 0; j < valid; ++j) y[j] = from_float<T>(acc[i][j]);
+    }
   }
 }
 
@@ -187,14 +213,23 @@ bool with_dot_format(int type, Make&& make) {
   return false;
 }
 
+// The dot step with MB pairs per chunk: one launch (one_launch_dot_kernel, no workspace) where the pairs fit one
+// block and a chunk's rows of x its shared memory, else step 1 after step 0.
 template <class F, int MB, typename T>
-void set_grouped_dot(KernelLaunch& l, const MulMatIdArgs& a) {
-  l.kernel = reinterpret_cast<const void*>(&grouped_dot_kernel<F, MB, T>);
-  l.grid = dim3(ceil_div(a.n, kDotWarps * rows_per_warp<MB>()), static_cast<unsigned>(a.e + 1));
-  l.block = dim3(kDotWarps * 32);
+void set_grouped_dot(MulMatIdPlan& p, const MulMatIdArgs& a) {
+  const dim3 grid(ceil_div(a.n, kDotWarps * rows_per_warp<MB>()), busy_bound(a)), block(kDotWarps * 32);
+  const int64_t shared = one_launch_shared_bytes<MB>(a);
+  if (pair_count(a) <= kOneLaunchPairs && shared <= kOneLaunchShared) {
+    p.steps[0] = KernelLaunch{reinterpret_cast<const void*>(&one_launch_dot_kernel<F, MB, T>), grid, block,
+                              static_cast<unsigned>(shared)};
+    p.steps[1] = KernelLaunch{};
+    p.workspace_bytes = 0;
+    return;
+  }
+  p.steps[1] = KernelLaunch{reinterpret_cast<const void*>(&grouped_dot_kernel<F, MB, T>), grid, block};
 }
 
-// Steps 1 and 2 of the integer dots, where they take the weight. The pairs per chunk (MB, as the decode route's rows
+// The two steps of the integer dots, where they take the weight. The pairs per chunk (MB, as the decode route's rows
 // of x: 1, 2, 4 or 8) follow from the tokens: a token's slots name distinct experts in every router of ggml (top-k),
 // so an expert has at most t pairs, and the registers of more would sit idle (a decode of one token takes one
 // pair per chunk). An expert chosen twice by one token is still right: it takes one more chunk.
@@ -203,52 +238,59 @@ bool set_dot_steps(MulMatIdPlan& p, const MulMatIdArgs& a, int type) {
   if (a.k <= 0 || a.k % 32 != 0 || a.row_bytes % 4 != 0 || !aligned(a.w, 4)) return false;  // no empty grid
   return with_dot_format(type, [&](auto format) {
     using F = decltype(format);
-    KernelLaunch& quantize = p.steps[1];
+    KernelLaunch& first = p.steps[0];
     const QuantizedMatmulArgs xq = x_quantize_view(a);
-    quantize.kernel = reinterpret_cast<const void*>(&quantize_x_kernel<T, false>);
-    quantize.grid = dim3(ceil_div(xq.m * (a.k / 32) * 8, kQuantizeThreads));
-    quantize.block = dim3(kQuantizeThreads);
-    p.quantize_step = 1;
+    first.kernel = reinterpret_cast<const void*>(&group_and_quantize_kernel<T>);
+    first.grid = dim3(1 + ceil_div(xq.m * (a.k / 32) * 8, kQuantizeThreads));
+    first.block = dim3(kGroupThreads);
     p.workspace_bytes += records_offset(xq) + xq.m * (a.k / 32) * static_cast<int64_t>(sizeof(XRecord));
     if (a.t <= 1) {
-      set_grouped_dot<F, 1, T>(p.steps[2], a);
+      set_grouped_dot<F, 1, T>(p, a);
     } else if (a.t <= 2) {
-      set_grouped_dot<F, 2, T>(p.steps[2], a);
+      set_grouped_dot<F, 2, T>(p, a);
     } else if (a.t <= 4) {
-      set_grouped_dot<F, 4, T>(p.steps[2], a);
+      set_grouped_dot<F, 4, T>(p, a);
     } else {
-      set_grouped_dot<F, 8, T>(p.steps[2], a);
+      set_grouped_dot<F, 8, T>(p, a);
     }
   });
+}
+
+// Step 0 where it only groups the pairs.
+void set_group_step(MulMatIdPlan& p) {
+  p.steps[0].kernel = reinterpret_cast<const void*>(&group_pairs_kernel);
+  p.steps[0].grid = dim3(1);
+  p.steps[0].block = dim3(kGroupThreads);
 }
 
 template <typename T>
 MulMatIdPlan mul_mat_id_plan_typed(const MulMatIdArgs& a, int type, bool transpose) {
   MulMatIdPlan p;
+  p.workspace_bytes = groups_bytes(a);
   if (transpose) {
-    const int64_t pairs = pair_count(a);
+    // Pair chunks per expert along z: a top-k router gives an expert at most t pairs (more take more passes).
+    const int64_t chunks = ceil_div(a.t, kTransposedPairs);
     with_weights(type, [&](auto weights) {
-      p.steps[0].kernel = reinterpret_cast<const void*>(&mul_mat_id_transposed<decltype(weights), T>);
-      p.steps[0].grid =
-          dim3(ceil_div((a.k + 15) / 16, kThreads), static_cast<unsigned>(pairs < kMaxGridY ? pairs : kMaxGridY));
-      p.steps[0].block = dim3(kThreads);
+      p.steps[1].kernel = reinterpret_cast<const void*>(&grouped_transposed_kernel<decltype(weights), T>);
+      p.steps[1].grid = dim3(ceil_div((a.k + 15) / 16, kTransposedThreads), busy_bound(a),
+                             static_cast<unsigned>(chunks < kMaxGridZ ? chunks : kMaxGridZ));
+      p.steps[1].block = dim3(kTransposedThreads);
       return 0;
     });
+    if (!p.steps[1].kernel) return {};
+    set_group_step(p);
     return p;
   }
-  p.workspace_bytes = groups_bytes(a);
   if (!set_dot_steps<T>(p, a, type)) {
     with_weights(type, [&](auto weights) {
       p.steps[1].kernel = reinterpret_cast<const void*>(&grouped_float_kernel<decltype(weights), T>);
-      p.steps[1].grid = dim3(ceil_div(a.n, kFloatWarps), static_cast<unsigned>(a.e + 1));
+      p.steps[1].grid = dim3(ceil_div(a.n, kFloatWarps), busy_bound(a));
       p.steps[1].block = dim3(kFloatWarps * 32);
       return 0;
     });
     if (!p.steps[1].kernel) return {};
+    set_group_step(p);
   }
-  p.steps[0].kernel = reinterpret_cast<const void*>(&group_pairs_kernel);
-  p.steps[0].grid = dim3(1);
-  p.steps[0].block = dim3(kGroupThreads);
   return p;
 }
 
@@ -259,7 +301,5 @@ MulMatIdPlan mul_mat_id_plan(const MulMatIdArgs& args, int ggml_type, FloatType 
                              return mul_mat_id_plan_typed<typename Storage<kType>::type>(args, ggml_type, transpose));
   return {};
 }
-
-QuantizedMatmulArgs mul_mat_id_quantize_args(const MulMatIdArgs& args) { return x_quantize_view(args); }
 
 }  // namespace ggml_ext::cuda

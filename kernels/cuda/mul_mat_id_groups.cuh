@@ -2,8 +2,11 @@
 // the ids the kernel reads itself (no host round trip), into the workspace:
 //   offsets: e + 2 int32, offsets[b] the first sorted position of bucket b (buckets 0..e-1 the experts, bucket e
 //            the pairs whose id is outside [0, e)), offsets[e + 1] = t * n_used;
+//   busy:    e + 2 int32, busy[0] the number of buckets with pairs, busy[1 ..] those buckets in increasing order
+//            (the later kernels' blocks take these, not every expert: at most min(e + 1, t * n_used) of them);
 //   rank:    t * n_used int32, pair p's position within its bucket (scratch of this step);
-//   sorted:  t * n_used int32, the pair indices by bucket, each bucket in increasing pair order (a stable sort);
+//   sorted:  t * n_used int32, the pair indices by bucket (within a bucket in no set order: each pair's output is
+//            computed on its own, so the order changes no value);
 //   then, 16-byte aligned, what later steps keep there (x's quantized rows).
 #pragma once
 #include <cmath>
@@ -13,23 +16,33 @@
 namespace ggml_ext::cuda {
 namespace {
 
-constexpr int kGroupThreads = 256;  // one block; pairs are ranked kGroupThreads at a time
+constexpr int kGroupThreads = 256;      // the grouping is one block
+constexpr int kSharedBuckets = 4096;    // buckets counted in shared memory (more: in the workspace, global atomics)
 
 __host__ __device__ inline int64_t round_up16(int64_t bytes) { return (bytes + 15) / 16 * 16; }
 __host__ __device__ inline int64_t pair_count(const MulMatIdArgs& a) { return a.t * a.n_used; }
-// Bytes of the three arrays above (where the later steps' part of the workspace starts).
+// Bytes of the four arrays above (where the later steps' part of the workspace starts).
 __host__ __device__ inline int64_t groups_bytes(const MulMatIdArgs& a) {
-  return round_up16(4 * (a.e + 2)) + 2 * round_up16(4 * pair_count(a));
+  return 2 * round_up16(4 * (a.e + 2)) + 2 * round_up16(4 * pair_count(a));
+}
+// Blocks of the later kernels along y: one per bucket that can have pairs, known without reading the ids.
+inline unsigned busy_bound(const MulMatIdArgs& a) {
+  const int64_t pairs = pair_count(a);
+  return static_cast<unsigned>(a.e + 1 < pairs ? a.e + 1 : pairs);
 }
 
 struct PairGroups {
   int32_t* offsets;
+  int32_t* busy;
   int32_t* rank;
   int32_t* sorted;
   __device__ explicit PairGroups(const MulMatIdArgs& a)
       : offsets(static_cast<int32_t*>(a.workspace)),
-        rank(offsets + round_up16(4 * (a.e + 2)) / 4),
+        busy(offsets + round_up16(4 * (a.e + 2)) / 4),
+        rank(busy + round_up16(4 * (a.e + 2)) / 4),
         sorted(rank + round_up16(4 * pair_count(a)) / 4) {}
+  // The bucket of a later kernel's block row y (blockIdx.y), or -1 where fewer buckets have pairs.
+  __device__ int bucket_of_block(unsigned y) const { return static_cast<int>(y) < busy[0] ? busy[1 + y] : -1; }
 };
 
 __device__ __forceinline__ bool valid_expert(int32_t id, int64_t e) { return id >= 0 && id < e; }
@@ -38,59 +51,50 @@ __device__ __forceinline__ int bucket_of(int32_t id, int64_t e) {
   return valid_expert(id, e) ? id : static_cast<int>(e);
 }
 
-// Step 0, one block of kGroupThreads: a counting sort of the pairs by bucket, stable and without atomics. The pairs
-// are taken kGroupThreads at a time: each thread ranks its pair among the chunk's earlier pairs of the same bucket
-// (a pass over the chunk's buckets in shared memory), its rank in the bucket is that plus the bucket's count so far,
-// and the chunk's last pair of each bucket adds the chunk's share to the count. Then the counts become offsets (an
-// exclusive scan) and every pair is written to its place. About `pairs` steps per thread (not timed on a GPU yet);
-// a decode's n_used pairs are one chunk.
-__global__ void __launch_bounds__(kGroupThreads) group_pairs_kernel(MulMatIdArgs a) {
-  __shared__ int chunk_buckets[kGroupThreads];
-  __shared__ int64_t span_sums[kGroupThreads];
+// Step 0, by one block of kGroupThreads (the caller's block 0): a counting sort of the pairs by bucket. Each pair
+// takes its rank in its bucket from an atomic count (in shared memory where the buckets fit: one step per pair and
+// thread, where the stable ranking it replaced compared every pair with its 255 neighbours); the counts become
+// offsets and the list of busy buckets (an exclusive scan: each thread a span of consecutive buckets, thread 0
+// the spans), and every pair is written to its place.
+__device__ void group_pairs(const MulMatIdArgs& a) {
+  __shared__ int shared_count[kSharedBuckets];
+  __shared__ int span_pairs[kGroupThreads], span_busy[kGroupThreads];
   const PairGroups g(a);
   const int tid = static_cast<int>(threadIdx.x);
   const int64_t pairs = pair_count(a), buckets = a.e + 1;
-  int32_t* count = g.offsets;  // counts first, offsets after the scan
+  int* count = buckets <= kSharedBuckets ? shared_count : g.offsets;  // offsets after the scan
   for (int64_t b = tid; b < buckets; b += kGroupThreads) count[b] = 0;
   __syncthreads();
-  for (int64_t base = 0; base < pairs; base += kGroupThreads) {
-    const int chunk = static_cast<int>(pairs - base < kGroupThreads ? pairs - base : kGroupThreads);
-    const int64_t p = base + tid;
-    const int bucket = tid < chunk ? bucket_of(a.ids[p], a.e) : -1;
-    chunk_buckets[tid] = bucket;
-    __syncthreads();
-    int before = 0, same = 0;
-    for (int j = 0; j < chunk; ++j) {
-      const bool match = chunk_buckets[j] == bucket;
-      before += match && j < tid;
-      same += match;
-    }
-    if (bucket >= 0) g.rank[p] = count[bucket] + before;
-    __syncthreads();  // every rank read its bucket's count before the count grows
-    if (bucket >= 0 && before == same - 1) count[bucket] += same;
-    __syncthreads();  // the counts, and chunk_buckets free for the next chunk
-  }
-  // Exclusive scan of the bucket counts: each thread sums a span of consecutive buckets, thread 0 scans the spans.
+  for (int64_t p = tid; p < pairs; p += kGroupThreads) g.rank[p] = atomicAdd(&count[bucket_of(a.ids[p], a.e)], 1);
+  __syncthreads();
   const int64_t span = (buckets + kGroupThreads - 1) / kGroupThreads, first = tid * span;
   const int64_t end = first + span < buckets ? first + span : buckets;
-  int64_t sum = 0;
-  for (int64_t b = first; b < end; ++b) sum += count[b];
-  span_sums[tid] = sum;
+  int sum = 0, busy = 0;
+  for (int64_t b = first; b < end; ++b) {
+    sum += count[b];
+    busy += count[b] > 0;
+  }
+  span_pairs[tid] = sum;
+  span_busy[tid] = busy;
   __syncthreads();
   if (tid == 0) {
-    int64_t running = 0;
+    int running = 0, running_busy = 0;
     for (int i = 0; i < kGroupThreads; ++i) {
-      const int64_t s = span_sums[i];
-      span_sums[i] = running;
+      const int s = span_pairs[i], u = span_busy[i];
+      span_pairs[i] = running;
+      span_busy[i] = running_busy;
       running += s;
+      running_busy += u;
     }
-    count[buckets] = static_cast<int32_t>(running);
+    g.offsets[buckets] = running;
+    g.busy[0] = running_busy;
   }
   __syncthreads();
-  int64_t running = span_sums[tid];
+  int running = span_pairs[tid], next_busy = span_busy[tid];
   for (int64_t b = first; b < end; ++b) {
-    const int32_t c = count[b];
-    count[b] = static_cast<int32_t>(running);
+    const int c = count[b];
+    g.offsets[b] = running;  // after reading count[b]: the same element where count is the workspace's
+    if (c > 0) g.busy[1 + next_busy++] = static_cast<int>(b);
     running += c;
   }
   __syncthreads();
@@ -98,20 +102,27 @@ __global__ void __launch_bounds__(kGroupThreads) group_pairs_kernel(MulMatIdArgs
       static_cast<int32_t>(p);
 }
 
+__global__ void __launch_bounds__(kGroupThreads) group_pairs_kernel(MulMatIdArgs a) { group_pairs(a); }
+
 // Row of x (of t * x_slots) that pair p reads.
 __device__ __forceinline__ int64_t x_row_of_pair(const MulMatIdArgs& a, int64_t p) {
   return a.x_slots == 1 ? p / a.n_used : p;
 }
 
-// Bucket e (the bad ids): NaN in rows n0 .. n0 + rows - 1 (those below n) of every pair's output, a warp's lanes
-// taking them in turn.
+// Bucket e (the bad ids, `pairs` of them listed in `list`): NaN in rows n0 .. n0 + rows - 1 (those below n) of
+// every such pair's output, a warp's lanes taking them in turn.
 template <typename T>
-__device__ void store_nan_rows(const MulMatIdArgs& a, const PairGroups& g, int64_t n0, int rows, int lane) {
-  const int64_t first = g.offsets[a.e], pairs = g.offsets[a.e + 1] - first;
+__device__ void store_nan_rows(const MulMatIdArgs& a, const int32_t* list, int64_t pairs, int64_t n0, int rows,
+                               int lane) {
   for (int64_t i = lane; i < pairs * rows; i += 32) {
     const int64_t n = n0 + i % rows;
-    if (n < a.n) static_cast<T*>(a.y)[g.sorted[first + i / rows] * a.n + n] = from_float<T>(NAN);
+    if (n < a.n) static_cast<T*>(a.y)[list[i / rows] * a.n + n] = from_float<T>(NAN);
   }
+}
+// The same for the grouped buckets of step 0.
+template <typename T>
+__device__ void store_nan_rows(const MulMatIdArgs& a, const PairGroups& g, int64_t n0, int rows, int lane) {
+  store_nan_rows<T>(a, g.sorted + g.offsets[a.e], g.offsets[a.e + 1] - g.offsets[a.e], n0, rows, lane);
 }
 
 }  // namespace

@@ -34,6 +34,12 @@ void __syncthreads();
 float ggml_ext_emulated_shuffle_xor(float v, int lane_mask);
 
 inline float __shfl_xor_sync(unsigned, float v, int lane_mask) { return ggml_ext_emulated_shuffle_xor(v, lane_mask); }
+// The fibers of a block switch only at barriers and shuffles, so a plain read-modify-write is atomic.
+inline int atomicAdd(int* p, int v) {
+  const int old = *p;
+  *p = old + v;
+  return old;
+}
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fsub_rn(float a, float b) { return a - b; }

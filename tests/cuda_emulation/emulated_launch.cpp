@@ -291,9 +291,7 @@ int emulated_mul_mat_id(kc::MulMatIdArgs args, int ggml_type, int x_type, int tr
   std::vector<unsigned char> workspace(plan.workspace_bytes + 16, 0xA5);  // garbage, as on a GPU
   args.workspace = plan.workspace_bytes ? workspace.data() : nullptr;
   for (int i = 0; i < plan.kMaxSteps && plan.steps[i].kernel; ++i) {
-    const int err = i == plan.quantize_step ? run(plan.steps[i], kc::mul_mat_id_quantize_args(args))
-                                            : run(plan.steps[i], args);
-    if (err) return err;
+    if (const int err = run(plan.steps[i], args)) return err;
   }
   return 0;
 }

@@ -1,5 +1,5 @@
 // CUDA eval_gpu of MulMatId (kernels/cuda/mul_mat_id.cu: the pairs grouped by expert on the device, then each
-// expert's rows read once per chunk of its pairs).
+// expert's rows read once per chunk of its pairs; one kernel node for a few tokens, two otherwise).
 #include "csrc/mul_mat_id.h"
 
 #include "csrc/backend/cuda/launch.h"
@@ -62,11 +62,7 @@ void MulMatId::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
     } else {
       cuda::register_arrays(enc, reads, {workspace, out});
     }
-    if (i == plan.quantize_step) {
-      cuda::launch(enc, plan.steps[i], ggml_ext::cuda::mul_mat_id_quantize_args(args));
-    } else {
-      cuda::launch(enc, plan.steps[i], args);
-    }
+    cuda::launch(enc, plan.steps[i], args);
   }
 }
 

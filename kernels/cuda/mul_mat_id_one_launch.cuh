@@ -1,0 +1,134 @@
+// mul_mat_id of a few tokens in one kernel (mul_mat_id.cu has the design): where the (token, slot) pairs fit one
+// block (t * n_used <= kOneLaunchPairs: a decode, speculative decoding) and the rows of x of a chunk fit its shared
+// memory, every block finds its own expert and pairs from the ids and quantizes the chunk's rows of x itself, so
+// the product is one kernel node (in MLX's CUDA graph each node costs host time, ~1-3 us) with no workspace. Also
+// here: what this kernel and the two-launch grouped_dot_kernel share (the expert's view, storing the sums).
+#pragma once
+#include "kernels/cuda/matmul_decode_dp4a.cuh"
+#include "kernels/cuda/matmul_decode_operands.cuh"
+#include "kernels/cuda/mul_mat_id_groups.cuh"
+
+namespace ggml_ext::cuda {
+namespace {
+
+constexpr int kDotWarps = 4;              // both dot kernels: warps per block, R weight rows each
+constexpr int kOneLaunchPairs = 64;       // pairs one block groups by itself (t <= 8 tokens of up to 8 experts)
+constexpr int64_t kOneLaunchShared = 48 * 1024;  // the chunk's quantized rows of x: several blocks per SM
+static_assert(kDotWarps * 32 >= kOneLaunchPairs, "a thread per pair");
+
+// The experts as one product of one batch (b2 = a2 = ratio2 = ratio3 = 1, so weight_batch(view, e) is e), m set per
+// chunk; x and the workspace as the caller needs them.
+__host__ __device__ inline QuantizedMatmulArgs expert_view(const MulMatIdArgs& a) {
+  QuantizedMatmulArgs q{};
+  q.x = a.x;
+  q.w = a.w;
+  q.m = a.t * a.x_slots;
+  q.n = a.n;
+  q.k = a.k;
+  q.row_bytes = a.row_bytes;
+  q.batches = q.b2 = q.a2 = q.ratio2 = q.ratio3 = 1;
+  return q;
+}
+
+// The sums of a warp's R weight rows (n0 ..) with the chunk's m pairs, each into its pair's output row.
+template <typename T, class Dot, int MB>
+__device__ __forceinline__ void store_pair_sums(const MulMatIdArgs& a, Dot& dot, const int32_t (&pair)[MB], int m,
+                                                int64_t n0, int lane) {
+#pragma unroll
+  for (int r = 0; r < Dot::R; ++r)
+#pragma unroll
+    for (int i = 0; i < MB; ++i) {
+      if (i < m) {
+        const float sum = warp_sum(dot.acc[r][i]);
+        if (lane == (r * MB + i) % 32 && n0 + r < a.n)
+          static_cast<T*>(a.y)[int64_t{pair[i]} * a.n + n0 + r] = from_float<T>(sum);
+      }
+    }
+}
+
+// Shared memory of one chunk: MB rows of x quantized (SharedX's planes: 40 bytes per x-block).
+template <int MB>
+inline int64_t one_launch_shared_bytes(const MulMatIdArgs& a) {
+  return MB * (a.k / 32) * static_cast<int64_t>(32 + sizeof(XRecord));
+}
+
+// Block (bx, y) takes the y-th distinct bucket of the ids in pair order (blocks past the last exit; bucket e, the
+// ids outside [0, e), gets NaN rows) and, warp w, its weight rows n0 = (bx * kDotWarps + w) * R ..; for each chunk
+// of up to MB of the bucket's pairs the block quantizes their rows of x into shared memory (as quantize_x_kernel
+// would) and the warps take them as grouped_dot_kernel does.
+template <class F, int MB, typename T>
+__global__ void __launch_bounds__(kDotWarps * 32) one_launch_dot_kernel(MulMatIdArgs a) {
+  constexpr int R = rows_per_warp<MB>();
+  __shared__ int bucket[kOneLaunchPairs], first[kOneLaunchPairs];
+  __shared__ int32_t mine[kOneLaunchPairs];
+  __shared__ int mine_count, block_bucket;
+  const int tid = static_cast<int>(threadIdx.x), lane = tid % 32, pairs = static_cast<int>(pair_count(a));
+  // Every thread reaches every barrier: warps past the weight's rows skip only the products.
+  if (tid == 0) block_bucket = -1;
+  if (tid < pairs) bucket[tid] = bucket_of(a.ids[tid], a.e);
+  __syncthreads();
+  if (tid < pairs) {
+    int is_first = 1;
+    for (int j = 0; j < tid; ++j) is_first &= bucket[j] != bucket[tid];
+    first[tid] = is_first;
+  }
+  __syncthreads();
+  if (tid < pairs && first[tid]) {
+    int before = 0;
+    for (int j = 0; j < tid; ++j) before += first[j];
+    if (before == static_cast<int>(blockIdx.y)) block_bucket = bucket[tid];  // one thread of the block
+  }
+  __syncthreads();
+  const int b = block_bucket;
+  if (b < 0) return;  // the whole block: fewer buckets have pairs than the grid has rows
+  if (tid < pairs && bucket[tid] == b) {
+    int at = 0;
+    for (int j = 0; j < tid; ++j) at += bucket[j] == b;
+    mine[at] = tid;
+    if (first[tid]) {  // the bucket's first pair counts them
+      int count = 0;
+      for (int j = tid; j < pairs; ++j) count += bucket[j] == b;
+      mine_count = count;
+    }
+  }
+  __syncthreads();
+  const int count = mine_count;
+  const int64_t n0 = (static_cast<int64_t>(blockIdx.x) * kDotWarps + tid / 32) * R;
+  if (b == a.e) {
+    if (n0 < a.n) store_nan_rows<T>(a, mine, count, n0, R, lane);
+    return;
+  }
+  const int xblocks = static_cast<int>(a.k / 32), all = MB * xblocks;
+  uint4* planes = dynamic_shared_memory<uint4>();
+  XRecord* records = reinterpret_cast<XRecord*>(planes + 2 * all);
+  const SharedX x{planes, planes + all, records, xblocks};
+  QuantizedMatmulArgs view = expert_view(a);
+  constexpr int kG = lane_group<F, R>(), kUnroll = 4 / kG;  // as grouped_dot_kernel
+  const int groups = xblocks / kG;
+  for (int c = 0; c < count; c += MB) {
+    const int m = count - c < MB ? count - c : MB;
+    int32_t pair[MB];
+#pragma unroll
+    for (int i = 0; i < MB; ++i) pair[i] = mine[i < m ? c + i : c];
+    for (int i = 0; i < m; ++i) {
+      quantize_x_to_shared<T>(static_cast<const T*>(a.x) + x_row_of_pair(a, pair[i]) * a.k, xblocks,
+                              [&](int xb, uint4 lo, uint4 hi, XRecord r) {
+                                planes[i * xblocks + xb] = lo;
+                                planes[all + i * xblocks + xb] = hi;
+                                records[i * xblocks + xb] = r;
+                              });
+    }
+    __syncthreads();
+    if (n0 < a.n) {
+      view.m = m;
+      WarpDot<F, MB, R, SharedX> dot(view, n0, x, b);
+#pragma unroll kUnroll
+      for (int p = lane; p < groups; p += 32) dot.template add<kG>(dot.rows, p, int64_t{p} * kG);
+      store_pair_sums<T>(a, dot, pair, m, n0, lane);
+    }
+    __syncthreads();  // the planes are rewritten by the next chunk
+  }
+}
+
+}  // namespace
+}  // namespace ggml_ext::cuda
