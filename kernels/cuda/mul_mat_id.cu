@@ -4,7 +4,7 @@
 //
 // Forward product, two launches (mul_mat_id_plan) on one workspace:
 //   0. group_pairs (mul_mat_id_groups.cuh, block 0): the pairs sorted by expert, per-expert offsets and the list of
-//      the experts that have pairs. For quantized weights whose rows start on 4-byte boundaries (every layout type
+//      the experts that have pairs. For quantized weights whose rows start on 4-byte boundaries (every quantized type
 //      with whole 32-element x-blocks) the same launch's other blocks quantize x's t * x_slots rows to int8 per 32
 //      elements with a float scale (quantize_x_thread of matmul_decode_operands.cuh, the decode route's step 0)
 //      into the workspace after the groups: one kernel node where there were two (each costs host time in MLX's
@@ -20,7 +20,7 @@
 //   A few tokens (t * n_used <= kOneLaunchPairs, a chunk's rows of x within 48 KB) take one launch instead,
 //   one_launch_dot_kernel (mul_mat_id_one_launch.cuh): each block finds its expert and pairs in the ids itself and
 //   quantizes the chunk's rows of x into its shared memory; no workspace.
-//   Other weights (float types, the decoded IQ/ternary types without an integer format, rows not 4-byte aligned):
+//   Other weights (float types, quantized rows not on 4-byte boundaries):
 //   step 0 only groups, and step 1 is grouped_float_kernel, a warp per weight row, each 16-element chunk decoded once
 //   per chunk of 8 pairs by the shared chunk decoders of weights.cuh, float32 sums, its blocks mapped as step 1's.
 //   The bucket past the experts (e) holds the pairs whose id is outside [0, e): their output rows are NaN and no
@@ -31,6 +31,7 @@
 // elements of K of a busy expert, each decoded chunk of the expert's rows used for 4 of its pairs at a time.
 #include <cmath>
 
+#include "kernels/cuda/decode_formats_iq.cuh"
 #include "kernels/cuda/matmul_decode_dp4a.cuh"
 #include "kernels/cuda/mul_mat_id_groups.cuh"
 #include "kernels/cuda/mul_mat_id_one_launch.cuh"
@@ -203,12 +204,14 @@ __global__ void __launch_bounds__(kTransposedThreads) grouped_transposed_kernel(
   }
 }
 
-// make(decode::Fmt<type>{}) for the layout types (those with an integer-dot format); false for the others.
+// make(decode::Fmt<type>{}) for the quantized types (every one has an integer-dot format, the IQ grid and
+// ternary ones through decode_formats_iq.cuh); false for the float types.
 template <typename Make>
 bool with_dot_format(int type, Make&& make) {
 #define GGML_EXT_MMID_DOT_FORMAT(NAME, name, id, qk, bytes) \
   if (type == GGML_EXT_TYPE_##NAME) return make(decode::Fmt##NAME{}), true;
   GGML_EXT_FOR_EACH_LAYOUT_QUANT_TYPE(GGML_EXT_MMID_DOT_FORMAT)
+  GGML_EXT_FOR_EACH_DECODED_QUANT_TYPE(GGML_EXT_MMID_DOT_FORMAT)
 #undef GGML_EXT_MMID_DOT_FORMAT
   return false;
 }
