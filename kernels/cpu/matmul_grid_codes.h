@@ -9,9 +9,9 @@
 // So each block is staged, once per weight row and K segment, as a StagedBlock: its 256 codes as int8 in element
 // order, 16 chunk scales as int8 and the float d: a layout (plain signed bytes, as Q8_0's) that the AVX2, AVX-512
 // and portable row dots take as they are, their activations x quantized per 32 as for the other formats. The
-// staging runs in 16-byte generic vectors (SSE/AVX2 on x86, NEON on Arm): table loads of whole grid entries,
+// staging runs in generic vectors (AVX2 or SSE on x86, NEON on Arm): table loads of whole grid entries,
 // whose byte tables are made once from kernels/common/iq_grids.h through iq_decoders.h's value maps, and sign
-// bits spread to byte lanes.
+// bits spread to byte lanes, 32 codes per step.
 #pragma once
 #include <cstdint>
 #include <cstring>
@@ -102,36 +102,55 @@ inline const GridBytes& grid_bytes() {
 }
 
 // ---------------------------------------------------------------------------------------------------
-// 16 codes at a time: two grid entries of 8 values (or four of 4), two bytes of sign bits (bit j: element j of
-// the 8 negative).
+// 32 codes (a sub-block) at a time, in 32-byte generic vectors (one AVX2 register, two SSE or NEON ones): four grid
+// entries of 8 values (or eight of 4), four bytes of sign bits (bit j of byte g: element j of group g negative).
 // ---------------------------------------------------------------------------------------------------
-typedef uint64_t vu64x2 __attribute__((vector_size(16)));
-typedef uint32_t vu32x4 __attribute__((vector_size(16)));
+typedef int8_t vi8x32 __attribute__((vector_size(32)));
+typedef uint8_t vu8x32 __attribute__((vector_size(32)));
+typedef uint32_t vu32x8 __attribute__((vector_size(32)));
+typedef uint64_t vu64x4 __attribute__((vector_size(32)));
 
-inline __attribute__((always_inline)) vi8x16 entries8(uint64_t first, uint64_t second) {
-  return (vi8x16)vu64x2{first, second};
+inline __attribute__((always_inline)) vi8x32 entries8(uint64_t e0, uint64_t e1, uint64_t e2, uint64_t e3) {
+  return (vi8x32)vu64x4{e0, e1, e2, e3};
 }
-inline __attribute__((always_inline)) vi8x16 entries4(uint32_t e0, uint32_t e1, uint32_t e2, uint32_t e3) {
-  return (vi8x16)vu32x4{e0, e1, e2, e3};
+// Byte g of `word` in the 8 lanes of group g (a broadcast and a byte shuffle).
+inline __attribute__((always_inline)) vu8x32 group_bytes(uint32_t word) {
+  const vu8x32 v = (vu8x32)(vu32x8{} + word);
+  return __builtin_shufflevector(v, v, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3,
+                                 3, 3, 3, 3, 3, 3);
 }
-// Byte lanes of two 8-lane halves, a and b.
-inline __attribute__((always_inline)) vi8x16 halves(int8_t a, int8_t b) {
-  return vi8x16{a, a, a, a, a, a, a, a, b, b, b, b, b, b, b, b};
+// -1 in the lanes whose bit is set in their group's byte of `bits`, else 0.
+inline __attribute__((always_inline)) vi8x32 lane_bits(uint32_t bits) {
+  const vu8x32 lane_bit = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128,
+                           1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
+  return (vi8x32)((group_bytes(bits) & lane_bit) == lane_bit);
 }
 // The values with their signs applied: (v ^ m) - m negates where m is -1.
-inline __attribute__((always_inline)) vi8x16 signed16(vi8x16 v, uint32_t signs_a, uint32_t signs_b) {
-  const vu8x16 bits = (vu8x16)halves(static_cast<int8_t>(signs_a), static_cast<int8_t>(signs_b));
-  const vu8x16 lane_bit = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
-  const vi8x16 negative = (vi8x16)((bits & lane_bit) == lane_bit);
+inline __attribute__((always_inline)) vi8x32 signed32(vi8x32 v, uint32_t signs) {
+  const vi8x32 negative = lane_bits(signs);
   return (v ^ negative) - negative;
 }
-inline __attribute__((always_inline)) void put16(StagedBlock* s, int chunk, vi8x16 codes) {
-  std::memcpy(s->qs + 16 * chunk, &codes, sizeof codes);
+inline __attribute__((always_inline)) uint32_t four_bytes(uint32_t b0, uint32_t b1, uint32_t b2, uint32_t b3) {
+  return b0 | (b1 << 8) | (b2 << 16) | (b3 << 24);
+}
+// ksigns of the four 7-bit fields of an IQ2_XXS / IQ3_XXS sub-block word, one byte per group.
+inline __attribute__((always_inline)) uint32_t ksigns4(uint32_t aux, const GridBytes& t) {
+  return four_bytes(t.ksigns[aux & 127], t.ksigns[(aux >> 7) & 127], t.ksigns[(aux >> 14) & 127],
+                    t.ksigns[(aux >> 21) & 127]);
+}
+inline __attribute__((always_inline)) void put32(StagedBlock* s, int sub_block, vi8x32 codes) {
+  std::memcpy(s->qs + 32 * sub_block, &codes, sizeof codes);
 }
 inline __attribute__((always_inline)) int8_t odd_scale(uint32_t s) { return static_cast<int8_t>(2 * s + 1); }
+inline __attribute__((always_inline)) uint32_t load_u32(const void* p) {
+  uint32_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
 
 // ---------------------------------------------------------------------------------------------------
-// One block each (kernels/common/iq_decoders.h has the element orders).
+// One block each, sub-block ib = 32 elements = chunks 2ib, 2ib + 1 = groups 4ib .. 4ib + 3 of 8
+// (kernels/common/iq_decoders.h has the element orders).
 // ---------------------------------------------------------------------------------------------------
 inline __attribute__((always_inline)) void stage_block(const block_iq2_xxs* b, StagedBlock* s, const GridBytes& t) {
   s->d = GGML_EXT_HALF_TO_FLOAT(b->d) * 0.125f;
@@ -139,31 +158,34 @@ inline __attribute__((always_inline)) void stage_block(const block_iq2_xxs* b, S
     const uint32_t idx = b->qs[4 * ib] | (static_cast<uint32_t>(b->qs[4 * ib + 1]) << 16);
     const uint32_t aux = b->qs[4 * ib + 2] | (static_cast<uint32_t>(b->qs[4 * ib + 3]) << 16);
     s->scales[2 * ib] = s->scales[2 * ib + 1] = odd_scale(aux >> 28);
-    for (int h = 0; h < 2; ++h) {
-      const int l = 2 * h;
-      put16(s, 2 * ib + h,
-            signed16(entries8(t.iq2xxs[(idx >> (8 * l)) & 255], t.iq2xxs[(idx >> (8 * l + 8)) & 255]),
-                     t.ksigns[(aux >> (7 * l)) & 127], t.ksigns[(aux >> (7 * l + 7)) & 127]));
-    }
+    put32(s, ib, signed32(entries8(t.iq2xxs[idx & 255], t.iq2xxs[(idx >> 8) & 255], t.iq2xxs[(idx >> 16) & 255],
+                                   t.iq2xxs[idx >> 24]),
+                          ksigns4(aux, t)));
   }
 }
 
 inline __attribute__((always_inline)) void stage_block(const block_iq2_xs* b, StagedBlock* s, const GridBytes& t) {
   s->d = GGML_EXT_HALF_TO_FLOAT(b->d) * 0.125f;
-  for (int c = 0; c < 16; ++c) {
-    s->scales[c] = odd_scale((b->scales[c >> 1] >> (4 * (c & 1))) & 15);
-    const uint32_t q0 = b->qs[2 * c], q1 = b->qs[2 * c + 1];
-    put16(s, c, signed16(entries8(t.iq2xs[q0 & 511], t.iq2xs[q1 & 511]), t.ksigns[q0 >> 9], t.ksigns[q1 >> 9]));
+  for (int ib = 0; ib < 8; ++ib) {
+    s->scales[2 * ib] = odd_scale(b->scales[ib] & 15);
+    s->scales[2 * ib + 1] = odd_scale(b->scales[ib] >> 4);
+    const uint16_t* q = b->qs + 4 * ib;
+    put32(s, ib, signed32(entries8(t.iq2xs[q[0] & 511], t.iq2xs[q[1] & 511], t.iq2xs[q[2] & 511], t.iq2xs[q[3] & 511]),
+                          four_bytes(t.ksigns[q[0] >> 9], t.ksigns[q[1] >> 9], t.ksigns[q[2] >> 9],
+                                     t.ksigns[q[3] >> 9])));
   }
 }
 
 inline __attribute__((always_inline)) void stage_block(const block_iq2_s* b, StagedBlock* s, const GridBytes& t) {
   s->d = GGML_EXT_HALF_TO_FLOAT(b->d) * 0.125f;
-  for (int c = 0; c < 16; ++c) {
-    s->scales[c] = odd_scale((b->scales[c >> 1] >> (4 * (c & 1))) & 15);
-    const uint32_t high = b->qh[c >> 1] >> (4 * (c & 1));  // two 2-bit index tops, for groups 2c and 2c + 1
-    const uint32_t i0 = b->qs[2 * c] | ((high & 3) << 8), i1 = b->qs[2 * c + 1] | (((high >> 2) & 3) << 8);
-    put16(s, c, signed16(entries8(t.iq2s[i0], t.iq2s[i1]), b->signs[2 * c], b->signs[2 * c + 1]));
+  for (int ib = 0; ib < 8; ++ib) {
+    s->scales[2 * ib] = odd_scale(b->scales[ib] & 15);
+    s->scales[2 * ib + 1] = odd_scale(b->scales[ib] >> 4);
+    const uint8_t* q = b->qs + 4 * ib;
+    const uint32_t high = b->qh[ib];  // 2 index bits per group
+    put32(s, ib, signed32(entries8(t.iq2s[q[0] | ((high & 3) << 8)], t.iq2s[q[1] | ((high & 12) << 6)],
+                                   t.iq2s[q[2] | ((high & 48) << 4)], t.iq2s[q[3] | ((high & 192) << 2)]),
+                          load_u32(b->signs + 4 * ib)));
   }
 }
 
@@ -172,27 +194,24 @@ inline __attribute__((always_inline)) void stage_block(const block_iq3_xxs* b, S
   for (int ib = 0; ib < 8; ++ib) {
     const uint32_t aux = b->scales_signs[2 * ib] | (static_cast<uint32_t>(b->scales_signs[2 * ib + 1]) << 16);
     s->scales[2 * ib] = s->scales[2 * ib + 1] = odd_scale(aux >> 28);
-    for (int h = 0; h < 2; ++h) {
-      const uint8_t* q = b->qs + 8 * ib + 4 * h;
-      const int l = 2 * h;
-      put16(s, 2 * ib + h,
-            signed16(entries4(t.iq3xxs[q[0]], t.iq3xxs[q[1]], t.iq3xxs[q[2]], t.iq3xxs[q[3]]),
-                     t.ksigns[(aux >> (7 * l)) & 127], t.ksigns[(aux >> (7 * l + 7)) & 127]));
-    }
+    const uint8_t* q = b->qs + 8 * ib;
+    const vu32x8 v = {t.iq3xxs[q[0]], t.iq3xxs[q[1]], t.iq3xxs[q[2]], t.iq3xxs[q[3]],
+                      t.iq3xxs[q[4]], t.iq3xxs[q[5]], t.iq3xxs[q[6]], t.iq3xxs[q[7]]};
+    put32(s, ib, signed32((vi8x32)v, ksigns4(aux, t)));
   }
 }
 
 inline __attribute__((always_inline)) void stage_block(const block_iq3_s* b, StagedBlock* s, const GridBytes& t) {
   s->d = GGML_EXT_HALF_TO_FLOAT(b->d);
-  for (int c = 0; c < 16; ++c) {
-    const int ib = c >> 1;
-    s->scales[c] = odd_scale((b->scales[ib >> 1] >> (4 * (ib & 1))) & 15);
-    const uint8_t* q = b->qs + 4 * c;
-    const uint32_t high = b->qh[c >> 1] >> (4 * (c & 1));  // the 9th index bits of the chunk's 4 entries
-    put16(s, c,
-          signed16(entries4(t.iq3s[q[0] | ((high & 1) << 8)], t.iq3s[q[1] | ((high & 2) << 7)],
-                            t.iq3s[q[2] | ((high & 4) << 6)], t.iq3s[q[3] | ((high & 8) << 5)]),
-                   b->signs[2 * c], b->signs[2 * c + 1]));
+  for (int ib = 0; ib < 8; ++ib) {
+    s->scales[2 * ib] = s->scales[2 * ib + 1] = odd_scale((b->scales[ib >> 1] >> (4 * (ib & 1))) & 15);
+    const uint8_t* q = b->qs + 8 * ib;
+    const uint32_t high = b->qh[ib];  // the 9th index bit of each of the 8 entries
+    const vu32x8 v = {t.iq3s[q[0] | ((high & 1) << 8)],   t.iq3s[q[1] | ((high & 2) << 7)],
+                      t.iq3s[q[2] | ((high & 4) << 6)],   t.iq3s[q[3] | ((high & 8) << 5)],
+                      t.iq3s[q[4] | ((high & 16) << 4)],  t.iq3s[q[5] | ((high & 32) << 3)],
+                      t.iq3s[q[6] | ((high & 64) << 2)],  t.iq3s[q[7] | ((high & 128) << 1)]};
+    put32(s, ib, signed32((vi8x32)v, load_u32(b->signs + 4 * ib)));
   }
 }
 
@@ -202,13 +221,10 @@ inline __attribute__((always_inline)) void stage_block(const block_iq1_s* b, Sta
   for (int ib = 0; ib < 8; ++ib) {
     const uint32_t qh = b->qh[ib];
     s->scales[2 * ib] = s->scales[2 * ib + 1] = odd_scale((qh >> 12) & 7);
+    const uint8_t* q = b->qs + 4 * ib;
     const int8_t delta = (qh & 0x8000u) ? -1 : 1;
-    for (int h = 0; h < 2; ++h) {
-      const int l = 2 * h;
-      const uint32_t i0 = b->qs[4 * ib + l] | (((qh >> (3 * l)) & 7) << 8);
-      const uint32_t i1 = b->qs[4 * ib + l + 1] | (((qh >> (3 * l + 3)) & 7) << 8);
-      put16(s, 2 * ib + h, entries8(t.iq1s[i0], t.iq1s[i1]) + delta);
-    }
+    put32(s, ib, entries8(t.iq1s[q[0] | ((qh & 7) << 8)], t.iq1s[q[1] | ((qh & 0x38) << 5)],
+                          t.iq1s[q[2] | ((qh & 0x1C0) << 2)], t.iq1s[q[3] | ((qh & 0xE00) >> 1)]) + delta);
   }
 }
 
@@ -218,12 +234,15 @@ inline __attribute__((always_inline)) void stage_block(const block_iq1_m* b, Sta
   const uint32_t d_bits = (words[0] >> 12) | ((words[1] >> 8) & 0xF0u) | ((words[2] >> 4) & 0xF00u) |
                           (words[3] & 0xF000u);
   s->d = GGML_EXT_HALF_TO_FLOAT(static_cast<uint16_t>(d_bits)) * 0.125f;
-  for (int c = 0; c < 16; ++c) {
-    s->scales[c] = odd_scale((words[c >> 2] >> (3 * (c & 3))) & 7);
-    const uint32_t nibbles = b->qh[c];  // groups 2c (low nibble) and 2c + 1: 3 index bits, the delta's sign
-    const uint32_t i0 = b->qs[2 * c] | ((nibbles & 7) << 8), i1 = b->qs[2 * c + 1] | (((nibbles >> 4) & 7) << 8);
-    const vi8x16 delta = halves((nibbles & 0x08u) ? -1 : 1, (nibbles & 0x80u) ? -1 : 1);
-    put16(s, c, entries8(t.iq1s[i0], t.iq1s[i1]) + delta);
+  for (int c = 0; c < 16; ++c) s->scales[c] = odd_scale((words[c >> 2] >> (3 * (c & 3))) & 7);
+  for (int ib = 0; ib < 8; ++ib) {
+    // groups 4ib .. 4ib + 3: a nibble each (3 index bits, the delta's sign in bit 3)
+    const uint32_t lo = b->qh[2 * ib], hi = b->qh[2 * ib + 1];
+    const uint8_t* q = b->qs + 4 * ib;
+    const vi8x32 grid = entries8(t.iq1s[q[0] | ((lo & 7) << 8)], t.iq1s[q[1] | ((lo & 0x70) << 4)],
+                                 t.iq1s[q[2] | ((hi & 7) << 8)], t.iq1s[q[3] | ((hi & 0x70) << 4)]);
+    const vi8x32 negative = lane_bits((four_bytes(lo & 8, (lo >> 4) & 8, hi & 8, (hi >> 4) & 8) >> 3) * 0xFFu);
+    put32(s, ib, grid + 1 + (negative + negative));  // +1, or -1 in the negative delta's groups
   }
 }
 
@@ -232,6 +251,9 @@ typedef uint16_t vu16x16 __attribute__((vector_size(32)));
 inline __attribute__((always_inline)) vi8x16 ternary16(vu8x16 bytes, vu16x16 pow3) {
   const vu16x16 digits = (((__builtin_convertvector(bytes, vu16x16) * pow3) & 0xFF) * 3) >> 8;
   return (vi8x16)__builtin_convertvector(digits, vu8x16) - 1;
+}
+inline __attribute__((always_inline)) void put16(StagedBlock* s, int chunk, vi8x16 codes) {
+  std::memcpy(s->qs + 16 * chunk, &codes, sizeof codes);
 }
 inline __attribute__((always_inline)) void stage_block(const block_tq1_0* b, StagedBlock* s, const GridBytes&) {
   s->d = GGML_EXT_HALF_TO_FLOAT(b->d);
