@@ -142,6 +142,11 @@ inline __attribute__((always_inline)) void put32(StagedBlock* s, int sub_block, 
   std::memcpy(s->qs + 32 * sub_block, &codes, sizeof codes);
 }
 inline __attribute__((always_inline)) int8_t odd_scale(uint32_t s) { return static_cast<int8_t>(2 * s + 1); }
+// IQ2_XS, IQ2_S: sub-block ib's two chunk scales, the nibbles of one byte (low first).
+inline __attribute__((always_inline)) void nibble_scales(StagedBlock* s, int ib, uint32_t byte) {
+  s->scales[2 * ib] = odd_scale(byte & 15);
+  s->scales[2 * ib + 1] = odd_scale(byte >> 4);
+}
 inline __attribute__((always_inline)) uint32_t load_u32(const void* p) {
   uint32_t v;
   std::memcpy(&v, p, sizeof v);
@@ -167,8 +172,7 @@ inline __attribute__((always_inline)) void stage_block(const block_iq2_xxs* b, S
 inline __attribute__((always_inline)) void stage_block(const block_iq2_xs* b, StagedBlock* s, const GridBytes& t) {
   s->d = GGML_EXT_HALF_TO_FLOAT(b->d) * 0.125f;
   for (int ib = 0; ib < 8; ++ib) {
-    s->scales[2 * ib] = odd_scale(b->scales[ib] & 15);
-    s->scales[2 * ib + 1] = odd_scale(b->scales[ib] >> 4);
+    nibble_scales(s, ib, b->scales[ib]);
     const uint16_t* q = b->qs + 4 * ib;
     put32(s, ib, signed32(entries8(t.iq2xs[q[0] & 511], t.iq2xs[q[1] & 511], t.iq2xs[q[2] & 511], t.iq2xs[q[3] & 511]),
                           four_bytes(t.ksigns[q[0] >> 9], t.ksigns[q[1] >> 9], t.ksigns[q[2] >> 9],
@@ -179,8 +183,7 @@ inline __attribute__((always_inline)) void stage_block(const block_iq2_xs* b, St
 inline __attribute__((always_inline)) void stage_block(const block_iq2_s* b, StagedBlock* s, const GridBytes& t) {
   s->d = GGML_EXT_HALF_TO_FLOAT(b->d) * 0.125f;
   for (int ib = 0; ib < 8; ++ib) {
-    s->scales[2 * ib] = odd_scale(b->scales[ib] & 15);
-    s->scales[2 * ib + 1] = odd_scale(b->scales[ib] >> 4);
+    nibble_scales(s, ib, b->scales[ib]);
     const uint8_t* q = b->qs + 4 * ib;
     const uint32_t high = b->qh[ib];  // 2 index bits per group
     put32(s, ib, signed32(entries8(t.iq2s[q[0] | ((high & 3) << 8)], t.iq2s[q[1] | ((high & 12) << 6)],
