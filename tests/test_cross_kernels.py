@@ -172,7 +172,8 @@ def test_rope(kernel_check, mode, dim, n_dims):
 @pytest.mark.parametrize("ggml_type", [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q8_0, GGMLType.Q2_K,
                                        GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.IQ4_NL,
                                        GGMLType.IQ4_XS, GGMLType.MXFP4, GGMLType.F16,
-                                       GGMLType.TQ2_0, GGMLType.IQ2_XXS], ids=lambda t: t.name)
+                                       GGMLType.TQ2_0, GGMLType.TQ1_0, GGMLType.IQ2_XXS, GGMLType.IQ2_S,
+                                       GGMLType.IQ3_XXS, GGMLType.IQ3_S, GGMLType.IQ1_M], ids=lambda t: t.name)
 def test_quantized_matmul(kernel_check, ggml_type):
     """The NEON product (int8 activations, 16-element chunks) against float64 on the gguf-decoded weight; the
     transposed product (float32 on the decoded values) much tighter."""

@@ -43,8 +43,8 @@ def tolerance(t: GGMLType, dtype) -> float:
 
 # ----------------------------------------------------------------------------- forward accuracy
 
-# The decoded types (IQ grids, ternary) share one CPU path (blocks decoded to float32) and gguf's numpy decoder,
-# their reference here, is slow on long rows: K = 11008 is left to the other types.
+# The decoded types (IQ grids, ternary): gguf's numpy decoder, their reference here, is slow on long rows:
+# K = 11008 is left to the other types.
 FORWARD_CASES = [(t, k) for t in ALL_TYPES for k in (256, 4096, 11008)
                  if not (k == 11008 and t.name in reference.GGUF_DECODED)]
 
@@ -231,7 +231,9 @@ def test_never_materializes_the_dequantized_weight(t, transpose):
 
 @pytest.mark.parametrize("t", [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,
                                GGMLType.Q2_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.IQ4_NL,
-                               GGMLType.MXFP4, GGMLType.F16], ids=lambda t: t.name)
+                               GGMLType.MXFP4, GGMLType.F16, GGMLType.IQ2_XXS, GGMLType.IQ2_XS, GGMLType.IQ2_S,
+                               GGMLType.IQ3_XXS, GGMLType.IQ3_S, GGMLType.IQ1_S, GGMLType.IQ1_M, GGMLType.TQ1_0],
+                         ids=lambda t: t.name)
 def test_every_cpu_kernel_variant(cpu_isa, t):
     rng = np.random.default_rng(int(t))
     # odd block counts: a half-filled last group, after 1 or 3 blocks past the kernels' steps of 4; an odd

@@ -16,6 +16,9 @@
 // Rows of x are taken in tiles of up to 8, so each weight span or group is decoded once per tile: decode
 // (M <= 8) streams the weight once with every thread; prefill tiles M by 8 and keeps a slice of weight rows in L2.
 //
+// The IQ grid types and TQ1_0 take the same kernels through staged blocks: each weight row's blocks decoded
+// once into int8 codes with integer chunk scales (matmul_grid_codes.h), read as a plain signed-byte layout.
+//
 // Float weights (F32/F16/BF16) and the transposed product (x's gradient) use float32 arithmetic on the
 // decoded values: the transposed product decodes each block once and adds it, scaled, into a strip of the
 // output that stays in cache.
@@ -23,11 +26,13 @@
 // Files: matmul_common.h (shared sizes, code forms), matmul_activations.h (x quantized in groups),
 // matmul_block_scales.h (chunk scales of 256-element blocks), the row dots matmul_dot_portable.h (below AVX2, NEON),
 // matmul_dot_avx2.h (AVX2; AVX-512 for one row of x) and matmul_dot_avx512_spans.h (AVX-512 VNNI, two rows of x
-// or more), matmul_transposed.h (the transposed product); here the drivers and the entry point.
+// or more), matmul_grid_codes.h (the grid types' staged blocks), matmul_transposed.h (the transposed product);
+// here the drivers and the entry point.
 #include "kernels/cpu/matmul.h"
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -38,6 +43,7 @@
 #include "kernels/cpu/matmul_dot_avx2.h"
 #include "kernels/cpu/matmul_dot_avx512_spans.h"
 #include "kernels/cpu/matmul_dot_portable.h"
+#include "kernels/cpu/matmul_grid_codes.h"
 #include "kernels/cpu/matmul_transposed.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/simd.h"
@@ -119,7 +125,7 @@ int64_t padded_rows(int64_t M) { return (M + kTileRows - 1) / kTileRows * kTileR
 // across threads, each thread's rows taken in cache-sized slices, every row tile of x against each slice, and
 // K in segments whose activations stay in L2 (`act_bytes` per element and row) while the weights stream.
 // `fold` rows of activations make one row of the output (2 for x with its residual: a pair never straddles a
-// tile, whose height is even).
+// tile, whose height is even). dot_tile(n, slot, m0, rows, k0, k1, res): weight row n, the slice's row `slot`.
 template <class DotTile>
 void forward_tiles(const MatmulArgs& a, int64_t row_bytes, int64_t act_bytes, DotTile&& dot_tile, int fold = 1) {
   const int64_t M = a.M * fold;
@@ -140,7 +146,7 @@ void forward_tiles(const MatmulArgs& a, int64_t row_bytes, int64_t act_bytes, Do
           std::fill(sums.begin(), sums.end(), 0.0f);
           for (int64_t k0 = 0; k0 < a.K; k0 += segment) {
             for (int64_t n = s0; n < s1; ++n) {
-              dot_tile(n, m0, rows, k0, std::min(a.K, k0 + segment), res);
+              dot_tile(n, n - s0, m0, rows, k0, std::min(a.K, k0 + segment), res);
               for (int64_t r = 0; r < rows; ++r) sums[(n - s0) * kTileRows + r] += res[r];
             }
           }
@@ -159,18 +165,55 @@ void forward_tiles(const MatmulArgs& a, int64_t row_bytes, int64_t act_bytes, Do
 
 // Every (row tile, weight row) of the forward product through the row dot Dot<Q, MR, kOffset>, on activations
 // already quantized (act_bytes: their bytes per element and row; fold: activation rows per output row).
+// The format the row dots read: a grid type's staged blocks (kernels/cpu/matmul_grid_codes.h), else Q's own.
+template <class Q>
+struct DotFormatOf {
+  using type = Q;
+};
+template <class Q>
+  requires requires { typename Q::Staged; }
+struct DotFormatOf<Q> {
+  using type = typename Q::Staged;
+};
+
+// A thread's staged weight rows: the rows of its current slice, each decoded once for all tiles of x.
+inline std::vector<StagedBlock>& staged_rows() {
+  thread_local std::vector<StagedBlock> rows;
+  return rows;
+}
+
 template <template <class, int, bool> class Dot, class Q, bool kOffset, class Act, class Codes>
 void forward_on_codes(const MatmulArgs& a, const Act& act, const Codes& codes, int64_t act_bytes, int fold) {
-  const int64_t row_bytes = a.K / Q::kQK * sizeof(typename Q::B);
+  using R = typename DotFormatOf<Q>::type;
+  const int64_t blocks = a.K / Q::kQK, row_bytes = blocks * sizeof(typename Q::B);
   const auto* w = static_cast<const uint8_t*>(a.w);
-  forward_tiles(
-      a, row_bytes, act_bytes,
-      [&](int64_t n, int64_t m0, int64_t rows, int64_t k0, int64_t k1, float* res) {
-        with_tile(rows, [&]<int MR>() {
-          Dot<Q, MR, kOffset>(act, m0, codes).run(w + n * row_bytes, k0 / Q::kQK, k1 / Q::kQK, res);
-        });
-      },
-      fold);
+  auto dot = [&](const uint8_t* row, int64_t m0, int64_t rows, int64_t k0, int64_t k1, float* res) {
+    with_tile(rows, [&]<int MR>() { Dot<R, MR, kOffset>(act, m0, codes).run(row, k0 / R::kQK, k1 / R::kQK, res); });
+  };
+  if constexpr (std::is_same_v<R, Q>) {
+    forward_tiles(
+        a, row_bytes, act_bytes,
+        [&](int64_t n, int64_t, int64_t m0, int64_t rows, int64_t k0, int64_t k1, float* res) {
+          dot(w + n * row_bytes, m0, rows, k0, k1, res);
+        },
+        fold);
+  } else {
+    // Grid types: the first tile of x stages the row's segment into the slice's slot (slices are sized by the
+    // staged bytes, so they stay in L2), every tile reads it there.
+    forward_tiles(
+        a, blocks * static_cast<int64_t>(sizeof(StagedBlock)), act_bytes,
+        [&](int64_t n, int64_t slot, int64_t m0, int64_t rows, int64_t k0, int64_t k1, float* res) {
+          std::vector<StagedBlock>& staged = staged_rows();
+          if (staged.size() < static_cast<size_t>((slot + 1) * blocks)) staged.resize((slot + 1) * blocks);
+          StagedBlock* row = staged.data() + slot * blocks;
+          if (m0 == 0) {
+            Q::stage(reinterpret_cast<const typename Q::B*>(w + n * row_bytes) + k0 / Q::kQK, (k1 - k0) / Q::kQK,
+                     row + k0 / Q::kQK);
+          }
+          dot(reinterpret_cast<const uint8_t*>(row), m0, rows, k0, k1, res);
+        },
+        fold);
+  }
 }
 
 // The forward product on quantized activations: x's rows quantized into `act` (quantize_row, rows over the
@@ -191,6 +234,7 @@ void forward_on_rows(const MatmulArgs& a, Act&& act, const Codes& codes, int64_t
 // The same on x with its residual (MatmulArgs::precise_x): two rows of activations per row of x, in groups.
 template <class Q, bool kOffset>
 void forward_with_residual(const MatmulArgs& a) {
+  using R = typename DotFormatOf<Q>::type;
   QuantizedRows act;
   act.resize(2 * a.M, a.K);
   GGML_EXT_FLOAT_SWITCH(a.x_type, In, {
@@ -199,7 +243,7 @@ void forward_with_residual(const MatmulArgs& a) {
       for (int64_t m = m0; m < m1; ++m) quantize_row_with_residual<In>(x + m * a.K, a.K, act, m);
     });
   });
-  forward_on_codes<RowDot, Q, kOffset>(a, act, RowCodes<Q, kOffset>{}, sizeof(ActRecord) / kGroup, 2);
+  forward_on_codes<RowDot, Q, kOffset>(a, act, RowCodes<R, kOffset>{}, sizeof(ActRecord) / kGroup, 2);
 }
 
 #if defined(__AVX512VNNI__) && defined(__AVX512VBMI__)
@@ -213,20 +257,24 @@ void forward_spans(const MatmulArgs& a) {
 
 template <class Q, bool kOffset>
 void forward_quantized(const MatmulArgs& a) {
+  using R = typename DotFormatOf<Q>::type;
   if (a.precise_x) return forward_with_residual<Q, kOffset>(a);
 #if defined(__AVX512VNNI__) && defined(__AVX512VBMI__)
   // Spans pay once the per-row float work outweighs their decode: from 2 rows of x; for Q8_0, whose split gathers
   // cost more, from 5. Q8_0 in 256-element spans against the 128-element ones they replaced (this 2-core VM,
   // alternating runs, bench_matmul.py, 14336x4096 and 4096x14336): 8 rows 0.77-0.95x the time in 7 of 8 pairs
   // (1.02x in one); 2 rows 0.94-1.39x, 4 rows 1.05-1.21x, so the group kernels keep up to 4.
-  if (a.M > (kSplitSpan<Q> ? 4 : 1)) return forward_spans<Q, kOffset>(a);
+  // The grid types keep the group kernels: their staged blocks were not run through spans on AVX-512 hardware.
+  if constexpr (std::is_same_v<R, Q>) {
+    if (a.M > (kSplitSpan<Q> ? 4 : 1)) return forward_spans<Q, kOffset>(a);
+  }
 #endif
-  forward_on_rows<RowDot, Q, kOffset>(a, QuantizedRows{}, RowCodes<Q, kOffset>{}, sizeof(ActRecord) / kGroup);
+  forward_on_rows<RowDot, Q, kOffset>(a, QuantizedRows{}, RowCodes<R, kOffset>{}, sizeof(ActRecord) / kGroup);
 }
 
 template <class Q>
 void forward_quantized(const MatmulArgs& a) {
-  if (has_offset<Q>()) {
+  if (has_offset<typename DotFormatOf<Q>::type>()) {
     forward_quantized<Q, true>(a);
   } else {
     forward_quantized<Q, false>(a);
@@ -247,32 +295,10 @@ template <class WFmt>
 void forward_float(const MatmulArgs& a) {
   const std::vector<float> xf = float_rows(a, a.K);
   const auto* w = static_cast<const typename WFmt::T*>(a.w);
-  forward_tiles(a, a.K * sizeof(typename WFmt::T), sizeof(float), [&](int64_t n, int64_t m0, int64_t rows,
+  forward_tiles(a, a.K * sizeof(typename WFmt::T), sizeof(float), [&](int64_t n, int64_t, int64_t m0, int64_t rows,
                                                                          int64_t k0, int64_t k1, float* res) {
     with_tile(rows, [&]<int MR>() {
       float_row_dot<WFmt, MR>(w + n * a.K + k0, k1 - k0, xf.data() + m0 * a.K + k0, a.K, res);
-    });
-  });
-}
-
-// Decoded types (IQ grids, TQ1_0: no chunk layout for the integer kernels): per weight row and K segment, the
-// blocks decoded to float32 once (into a per-thread buffer) for every row of x's tile, then float32 dots as for
-// float weights. The dots are float32 products, more accurate than the int8 path; the decode dominates.
-template <class D>
-void forward_decoded(const MatmulArgs& a) {
-  using B = typename D::B;
-  const std::vector<float> xf = float_rows(a, a.K);
-  const int64_t row_bytes = a.K / D::kQK * sizeof(B);
-  const auto* w = static_cast<const uint8_t*>(a.w);
-  forward_tiles(a, row_bytes, sizeof(float), [&](int64_t n, int64_t m0, int64_t rows, int64_t k0, int64_t k1,
-                                                 float* res) {
-    // Segments hold whole blocks (kSegmentAlign is a multiple of 256, and K is).
-    thread_local std::vector<float> decoded;
-    decoded.resize(k1 - k0);
-    const auto* blocks = reinterpret_cast<const B*>(w + n * row_bytes) + k0 / D::kQK;
-    for (int64_t c = 0; c < (k1 - k0) / 16; ++c) D::chunk(blocks + c / (D::kQK / 16), c % (D::kQK / 16), &decoded[16 * c]);
-    with_tile(rows, [&]<int MR>() {
-      float_row_dot<F32, MR>(decoded.data(), k1 - k0, xf.data() + m0 * a.K + k0, a.K, res);
     });
   });
 }
@@ -290,9 +316,11 @@ void transposed_decoded(const MatmulArgs& a) {
   });
 }
 
+// The decoded types: forward on the integer dots through their staged blocks; the transposed product on
+// float32 values from the reference decoder.
 template <class D>
 void matmul_decoded(const MatmulArgs& a) {
-  return a.transpose ? transposed_decoded<D>(a) : forward_decoded<D>(a);
+  return a.transpose ? transposed_decoded<D>(a) : forward_quantized<GridFormat<typename D::B>>(a);
 }
 // TQ2_0's codes do have a chunk layout (ggml_ext_layout16_tq2_0): the integer kernels take it.
 template <>

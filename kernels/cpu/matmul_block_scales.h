@@ -56,13 +56,17 @@ struct K4Scales : ChunkScales<Q> {
   }
 };
 
+// 16 signed byte scales times one float scale.
+inline __attribute__((always_inline)) vf32x16 int8_scales_times(vi8x16 s, float d) {
+  return __builtin_convertvector(__builtin_convertvector(__builtin_convertvector(s, vi16x16), vi32x16), vf32x16) * d;
+}
+
 // Q6_K: 16 int8 scales, one per chunk.
 struct Q6KScales : ChunkScales<GGML_EXT_BLOCK_FORMAT(q6_k, 256)> {
   inline __attribute__((always_inline)) void load_block(const block_q6_k* b) {
     vi8x16 s;
     std::memcpy(&s, b->scales, sizeof s);
-    scale = __builtin_convertvector(__builtin_convertvector(__builtin_convertvector(s, vi16x16), vi32x16), vf32x16) *
-            GGML_EXT_HALF_TO_FLOAT(b->d);
+    scale = int8_scales_times(s, GGML_EXT_HALF_TO_FLOAT(b->d));
     offset = vf32x16{};
   }
 };

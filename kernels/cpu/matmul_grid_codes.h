@@ -1,0 +1,290 @@
+// The IQ grid types (IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S) and TQ1_0 on the integer row dots.
+// No chunk layout can express a grid lookup, but every value of these formats is a small integer times a
+// per-chunk integer times one float per block:
+//   IQ2_*:   d (0.5 + s) 0.25 * (+-{8, 25, 43})     = (d / 8) (2s + 1) * grid value
+//   IQ3_XXS: d (0.5 + s) 0.5 * (+-{4, 12, ..., 62})  = (d / 4) (2s + 1) * grid value
+//   IQ3_S:   d (1 + 2s) * (+-{1, 3, ..., 15})
+//   IQ1_S/M: d (2s + 1) * (grid {-1, 0, 1} +- 1/8)   = (d / 8) (2s + 1) * (8 grid +- 1)
+//   TQ1_0:   d * (digit - 1)
+// So each block is staged, once per weight row and K segment, as a StagedBlock: its 256 codes as int8 in element
+// order, 16 chunk scales as int8 and the float d: a layout (plain signed bytes, as Q8_0's) that the AVX2, AVX-512
+// and portable row dots take as they are, their activations x quantized per 32 as for the other formats. The
+// staging runs in generic vectors (AVX2 or SSE on x86, NEON on Arm): table loads of whole grid entries,
+// whose byte tables are made once from kernels/common/iq_grids.h through iq_decoders.h's value maps, and sign
+// bits spread to byte lanes, 32 codes per step.
+#pragma once
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/cpu/matmul_block_scales.h"
+#include "kernels/cpu/matmul_common.h"
+#include "kernels/cpu/matmul_dot_avx2.h"
+
+namespace ggml_ext::cpu::GGML_EXT_ISA {
+namespace {
+
+struct alignas(32) StagedBlock {
+  int8_t qs[256];     // the codes, in element order
+  int8_t scales[16];  // chunk c's integer scale (2s + 1: at most 31)
+  float d;            // the block's float scale
+};
+static_assert(sizeof(StagedBlock) == 288, "staged block size");
+
+constexpr ggml_ext_layout16 staged_layout(int chunk) {
+  ggml_ext_layout16 l = ggml_ext_make_layout16(16 * chunk, 0, 0xFF, 0);
+  l.lo_signed = 1;
+  return l;
+}
+inline __attribute__((always_inline)) ggml_ext_scale16 staged_scale(const StagedBlock* b, int chunk) {
+  return ggml_ext_make_scale16(b->d * static_cast<float>(b->scales[chunk]), 0.0f, 0);
+}
+using StagedFormat = BlockFormat<StagedBlock, GGML_EXT_QK_K, staged_layout, staged_scale>;
+
+// The chunk scales as floats (portable dots, and AVX2's float path from 5 rows of x).
+struct StagedScales : ChunkScales<StagedFormat> {
+  inline __attribute__((always_inline)) void load_block(const StagedBlock* b) {
+    scale = int8_scales_times(load_vec<vi8x16>(b->scales), b->d);
+    offset = vf32x16{};
+  }
+};
+template <>
+struct ScalesOf<StagedFormat> {
+  using type = StagedScales;
+};
+#if defined(__AVX2__) && !defined(__AVX512VNNI__)
+// The integer chunk scales in AVX2's int16 step (up to 4 rows of x).
+template <>
+struct IntChunkScales<StagedFormat> : IntChunkScalesBase {
+  inline __attribute__((always_inline)) void load_block(const StagedBlock* b) {
+    set(load_vec<vi8x16>(b->scales), b->d);
+  }
+};
+#endif
+
+// ---------------------------------------------------------------------------------------------------
+// Byte tables of the grids: entry e's values as consecutive bytes (IQ2: 8 values {8, 25, 43}; IQ1: 8 values
+// times 8, {-8, 0, 8}; IQ3: 4 values), and ggml's ksigns (7 stored sign bits and their parity bit) for 128 codes.
+// Made on first use by the variant that runs (a static initializer of the AVX-512 objects would run anywhere).
+// ---------------------------------------------------------------------------------------------------
+struct GridBytes {
+  uint64_t iq2xxs[GGML_EXT_IQ2XXS_GRID_SIZE], iq2xs[GGML_EXT_IQ2XS_GRID_SIZE], iq2s[GGML_EXT_IQ2S_GRID_SIZE];
+  uint64_t iq1s[GGML_EXT_IQ1S_GRID_SIZE];
+  uint32_t iq3xxs[GGML_EXT_IQ3XXS_GRID_SIZE], iq3s[GGML_EXT_IQ3S_GRID_SIZE];
+  uint8_t ksigns[128];
+};
+
+template <class Word, int kValues, class Value>
+void fill_grid_bytes(Word* out, const uint16_t* grid, int entries, Value value) {
+  for (int e = 0; e < entries; ++e) {
+    Word w = 0;
+    for (int j = 0; j < kValues; ++j) w |= static_cast<Word>(static_cast<uint8_t>(value(grid[e], j))) << (8 * j);
+    out[e] = w;
+  }
+}
+
+inline const GridBytes& grid_bytes() {
+  static const GridBytes tables = [] {
+    GridBytes t;
+    auto iq2 = [](uint32_t w, int j) { return ggml_ext_iq2_grid_value(w, j); };
+    fill_grid_bytes<uint64_t, 8>(t.iq2xxs, GGML_EXT_GRID(iq2xxs), GGML_EXT_IQ2XXS_GRID_SIZE, iq2);
+    fill_grid_bytes<uint64_t, 8>(t.iq2xs, GGML_EXT_GRID(iq2xs), GGML_EXT_IQ2XS_GRID_SIZE, iq2);
+    fill_grid_bytes<uint64_t, 8>(t.iq2s, GGML_EXT_GRID(iq2s), GGML_EXT_IQ2S_GRID_SIZE, iq2);
+    fill_grid_bytes<uint64_t, 8>(t.iq1s, GGML_EXT_GRID(iq1s), GGML_EXT_IQ1S_GRID_SIZE,
+                                 [](uint32_t w, int j) { return 8 * ggml_ext_iq1_grid_value(w, j); });
+    fill_grid_bytes<uint32_t, 4>(t.iq3xxs, GGML_EXT_GRID(iq3xxs), GGML_EXT_IQ3XXS_GRID_SIZE,
+                                 [](uint32_t w, int j) { return ggml_ext_iq3xxs_grid_value(w, j); });
+    fill_grid_bytes<uint32_t, 4>(t.iq3s, GGML_EXT_GRID(iq3s), GGML_EXT_IQ3S_GRID_SIZE,
+                                 [](uint32_t w, int j) { return ggml_ext_iq3s_grid_value(w, j); });
+    for (uint32_t s = 0; s < 128; ++s) t.ksigns[s] = static_cast<uint8_t>(ggml_ext_iq_ksigns(s));
+    return t;
+  }();
+  return tables;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// 32 codes (a sub-block) at a time, in 32-byte generic vectors (one AVX2 register, two SSE or NEON ones): four grid
+// entries of 8 values (or eight of 4), four bytes of sign bits (bit j of byte g: element j of group g negative).
+// ---------------------------------------------------------------------------------------------------
+typedef int8_t vi8x32 __attribute__((vector_size(32)));
+typedef uint8_t vu8x32 __attribute__((vector_size(32)));
+typedef uint32_t vu32x8 __attribute__((vector_size(32)));
+typedef uint64_t vu64x4 __attribute__((vector_size(32)));
+
+inline __attribute__((always_inline)) vi8x32 entries8(uint64_t e0, uint64_t e1, uint64_t e2, uint64_t e3) {
+  return (vi8x32)vu64x4{e0, e1, e2, e3};
+}
+// Byte g of `word` in the 8 lanes of group g (a broadcast and a byte shuffle).
+inline __attribute__((always_inline)) vu8x32 group_bytes(uint32_t word) {
+  const vu8x32 v = (vu8x32)(vu32x8{} + word);
+  return __builtin_shufflevector(v, v, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3,
+                                 3, 3, 3, 3, 3, 3);
+}
+// -1 in the lanes whose bit is set in their group's byte of `bits`, else 0.
+inline __attribute__((always_inline)) vi8x32 lane_bits(uint32_t bits) {
+  const vu8x32 lane_bit = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128,
+                           1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
+  return (vi8x32)((group_bytes(bits) & lane_bit) == lane_bit);
+}
+// The values with their signs applied: (v ^ m) - m negates where m is -1.
+inline __attribute__((always_inline)) vi8x32 signed32(vi8x32 v, uint32_t signs) {
+  const vi8x32 negative = lane_bits(signs);
+  return (v ^ negative) - negative;
+}
+inline __attribute__((always_inline)) uint32_t four_bytes(uint32_t b0, uint32_t b1, uint32_t b2, uint32_t b3) {
+  return b0 | (b1 << 8) | (b2 << 16) | (b3 << 24);
+}
+// ksigns of the four 7-bit fields of an IQ2_XXS / IQ3_XXS sub-block word, one byte per group.
+inline __attribute__((always_inline)) uint32_t ksigns4(uint32_t aux, const GridBytes& t) {
+  return four_bytes(t.ksigns[aux & 127], t.ksigns[(aux >> 7) & 127], t.ksigns[(aux >> 14) & 127],
+                    t.ksigns[(aux >> 21) & 127]);
+}
+inline __attribute__((always_inline)) void put32(StagedBlock* s, int sub_block, vi8x32 codes) {
+  std::memcpy(s->qs + 32 * sub_block, &codes, sizeof codes);
+}
+inline __attribute__((always_inline)) int8_t odd_scale(uint32_t s) { return static_cast<int8_t>(2 * s + 1); }
+// IQ2_XS, IQ2_S: sub-block ib's two chunk scales, the nibbles of one byte (low first).
+inline __attribute__((always_inline)) void nibble_scales(StagedBlock* s, int ib, uint32_t byte) {
+  s->scales[2 * ib] = odd_scale(byte & 15);
+  s->scales[2 * ib + 1] = odd_scale(byte >> 4);
+}
+inline __attribute__((always_inline)) uint32_t load_u32(const void* p) {
+  uint32_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// One block each, sub-block ib = 32 elements = chunks 2ib, 2ib + 1 = groups 4ib .. 4ib + 3 of 8
+// (kernels/common/iq_decoders.h has the element orders).
+// ---------------------------------------------------------------------------------------------------
+inline __attribute__((always_inline)) void stage_block(const block_iq2_xxs* b, StagedBlock* s, const GridBytes& t) {
+  s->d = GGML_EXT_HALF_TO_FLOAT(b->d) * 0.125f;
+  for (int ib = 0; ib < 8; ++ib) {
+    const uint32_t idx = b->qs[4 * ib] | (static_cast<uint32_t>(b->qs[4 * ib + 1]) << 16);
+    const uint32_t aux = b->qs[4 * ib + 2] | (static_cast<uint32_t>(b->qs[4 * ib + 3]) << 16);
+    s->scales[2 * ib] = s->scales[2 * ib + 1] = odd_scale(aux >> 28);
+    put32(s, ib, signed32(entries8(t.iq2xxs[idx & 255], t.iq2xxs[(idx >> 8) & 255], t.iq2xxs[(idx >> 16) & 255],
+                                   t.iq2xxs[idx >> 24]),
+                          ksigns4(aux, t)));
+  }
+}
+
+inline __attribute__((always_inline)) void stage_block(const block_iq2_xs* b, StagedBlock* s, const GridBytes& t) {
+  s->d = GGML_EXT_HALF_TO_FLOAT(b->d) * 0.125f;
+  for (int ib = 0; ib < 8; ++ib) {
+    nibble_scales(s, ib, b->scales[ib]);
+    const uint16_t* q = b->qs + 4 * ib;
+    put32(s, ib, signed32(entries8(t.iq2xs[q[0] & 511], t.iq2xs[q[1] & 511], t.iq2xs[q[2] & 511], t.iq2xs[q[3] & 511]),
+                          four_bytes(t.ksigns[q[0] >> 9], t.ksigns[q[1] >> 9], t.ksigns[q[2] >> 9],
+                                     t.ksigns[q[3] >> 9])));
+  }
+}
+
+inline __attribute__((always_inline)) void stage_block(const block_iq2_s* b, StagedBlock* s, const GridBytes& t) {
+  s->d = GGML_EXT_HALF_TO_FLOAT(b->d) * 0.125f;
+  for (int ib = 0; ib < 8; ++ib) {
+    nibble_scales(s, ib, b->scales[ib]);
+    const uint8_t* q = b->qs + 4 * ib;
+    const uint32_t high = b->qh[ib];  // 2 index bits per group
+    put32(s, ib, signed32(entries8(t.iq2s[q[0] | ((high & 3) << 8)], t.iq2s[q[1] | ((high & 12) << 6)],
+                                   t.iq2s[q[2] | ((high & 48) << 4)], t.iq2s[q[3] | ((high & 192) << 2)]),
+                          load_u32(b->signs + 4 * ib)));
+  }
+}
+
+inline __attribute__((always_inline)) void stage_block(const block_iq3_xxs* b, StagedBlock* s, const GridBytes& t) {
+  s->d = GGML_EXT_HALF_TO_FLOAT(b->d) * 0.25f;
+  for (int ib = 0; ib < 8; ++ib) {
+    const uint32_t aux = b->scales_signs[2 * ib] | (static_cast<uint32_t>(b->scales_signs[2 * ib + 1]) << 16);
+    s->scales[2 * ib] = s->scales[2 * ib + 1] = odd_scale(aux >> 28);
+    const uint8_t* q = b->qs + 8 * ib;
+    const vu32x8 v = {t.iq3xxs[q[0]], t.iq3xxs[q[1]], t.iq3xxs[q[2]], t.iq3xxs[q[3]],
+                      t.iq3xxs[q[4]], t.iq3xxs[q[5]], t.iq3xxs[q[6]], t.iq3xxs[q[7]]};
+    put32(s, ib, signed32((vi8x32)v, ksigns4(aux, t)));
+  }
+}
+
+inline __attribute__((always_inline)) void stage_block(const block_iq3_s* b, StagedBlock* s, const GridBytes& t) {
+  s->d = GGML_EXT_HALF_TO_FLOAT(b->d);
+  for (int ib = 0; ib < 8; ++ib) {
+    s->scales[2 * ib] = s->scales[2 * ib + 1] = odd_scale((b->scales[ib >> 1] >> (4 * (ib & 1))) & 15);
+    const uint8_t* q = b->qs + 8 * ib;
+    const uint32_t high = b->qh[ib];  // the 9th index bit of each of the 8 entries
+    const vu32x8 v = {t.iq3s[q[0] | ((high & 1) << 8)],   t.iq3s[q[1] | ((high & 2) << 7)],
+                      t.iq3s[q[2] | ((high & 4) << 6)],   t.iq3s[q[3] | ((high & 8) << 5)],
+                      t.iq3s[q[4] | ((high & 16) << 4)],  t.iq3s[q[5] | ((high & 32) << 3)],
+                      t.iq3s[q[6] | ((high & 64) << 2)],  t.iq3s[q[7] | ((high & 128) << 1)]};
+    put32(s, ib, signed32((vi8x32)v, load_u32(b->signs + 4 * ib)));
+  }
+}
+
+// IQ1: grid values times 8 plus the delta's sign (+1, or -1 where the group's delta is negative).
+inline __attribute__((always_inline)) void stage_block(const block_iq1_s* b, StagedBlock* s, const GridBytes& t) {
+  s->d = GGML_EXT_HALF_TO_FLOAT(b->d) * 0.125f;
+  for (int ib = 0; ib < 8; ++ib) {
+    const uint32_t qh = b->qh[ib];
+    s->scales[2 * ib] = s->scales[2 * ib + 1] = odd_scale((qh >> 12) & 7);
+    const uint8_t* q = b->qs + 4 * ib;
+    const int8_t delta = (qh & 0x8000u) ? -1 : 1;
+    put32(s, ib, entries8(t.iq1s[q[0] | ((qh & 7) << 8)], t.iq1s[q[1] | ((qh & 0x38) << 5)],
+                          t.iq1s[q[2] | ((qh & 0x1C0) << 2)], t.iq1s[q[3] | ((qh & 0xE00) >> 1)]) + delta);
+  }
+}
+
+inline __attribute__((always_inline)) void stage_block(const block_iq1_m* b, StagedBlock* s, const GridBytes& t) {
+  uint32_t words[4];
+  for (int k = 0; k < 4; ++k) words[k] = ggml_ext_iq1m_scale_word(b, k);
+  const uint32_t d_bits = (words[0] >> 12) | ((words[1] >> 8) & 0xF0u) | ((words[2] >> 4) & 0xF00u) |
+                          (words[3] & 0xF000u);
+  s->d = GGML_EXT_HALF_TO_FLOAT(static_cast<uint16_t>(d_bits)) * 0.125f;
+  for (int c = 0; c < 16; ++c) s->scales[c] = odd_scale((words[c >> 2] >> (3 * (c & 3))) & 7);
+  for (int ib = 0; ib < 8; ++ib) {
+    // groups 4ib .. 4ib + 3: a nibble each (3 index bits, the delta's sign in bit 3)
+    const uint32_t lo = b->qh[2 * ib], hi = b->qh[2 * ib + 1];
+    const uint8_t* q = b->qs + 4 * ib;
+    const vi8x32 grid = entries8(t.iq1s[q[0] | ((lo & 7) << 8)], t.iq1s[q[1] | ((lo & 0x70) << 4)],
+                                 t.iq1s[q[2] | ((hi & 7) << 8)], t.iq1s[q[3] | ((hi & 0x70) << 4)]);
+    const vi8x32 negative = lane_bits((four_bytes(lo & 8, (lo >> 4) & 8, hi & 8, (hi >> 4) & 8) >> 3) * 0xFFu);
+    put32(s, ib, grid + 1 + (negative + negative));  // +1, or -1 in the negative delta's groups
+  }
+}
+
+// TQ1_0: base-3 digits minus 1, d per block. 16 bytes times their lanes' powers of 3 (mod 256), times 3, over 256.
+typedef uint16_t vu16x16 __attribute__((vector_size(32)));
+inline __attribute__((always_inline)) vi8x16 ternary16(vu8x16 bytes, vu16x16 pow3) {
+  const vu16x16 digits = (((__builtin_convertvector(bytes, vu16x16) * pow3) & 0xFF) * 3) >> 8;
+  return (vi8x16)__builtin_convertvector(digits, vu8x16) - 1;
+}
+inline __attribute__((always_inline)) void put16(StagedBlock* s, int chunk, vi8x16 codes) {
+  std::memcpy(s->qs + 16 * chunk, &codes, sizeof codes);
+}
+inline __attribute__((always_inline)) void stage_block(const block_tq1_0* b, StagedBlock* s, const GridBytes&) {
+  s->d = GGML_EXT_HALF_TO_FLOAT(b->d);
+  std::memset(s->scales, 1, sizeof s->scales);
+  constexpr uint16_t kPow3[5] = {1, 3, 9, 27, 81};
+  for (int c = 0; c < 10; ++c) put16(s, c, ternary16(load16(b->qs + 16 * (c & 1)), vu16x16{} + kPow3[c >> 1]));
+  for (int c = 10; c < 15; ++c) put16(s, c, ternary16(load16(b->qs + 32), vu16x16{} + kPow3[c - 10]));
+  // elements 240..255: qh[j % 4], digit j / 4
+  const vu8x16 qh = {b->qh[0], b->qh[1], b->qh[2], b->qh[3], b->qh[0], b->qh[1], b->qh[2], b->qh[3],
+                     b->qh[0], b->qh[1], b->qh[2], b->qh[3], b->qh[0], b->qh[1], b->qh[2], b->qh[3]};
+  put16(s, 15, ternary16(qh, vu16x16{1, 1, 1, 1, 3, 3, 3, 3, 9, 9, 9, 9, 27, 27, 27, 27}));
+}
+
+// A grid type as the matmul drivers see it: its packed blocks, which the row dots read as StagedFormat once
+// stage() has run over them.
+template <class Block>
+struct GridFormat {
+  using B = Block;
+  using Staged = StagedFormat;
+  static constexpr int kQK = GGML_EXT_QK_K;
+  static void stage(const Block* b, int64_t count, StagedBlock* out) {
+    const GridBytes& t = grid_bytes();
+    for (int64_t i = 0; i < count; ++i) {
+      prefetch_ahead<2>(reinterpret_cast<const uint8_t*>(b + i));
+      stage_block(b + i, out + i, t);
+    }
+  }
+};
+
+}  // namespace
+}  // namespace ggml_ext::cpu::GGML_EXT_ISA
