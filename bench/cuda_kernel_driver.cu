@@ -2,14 +2,14 @@
 // for trying kernel variants on the GPU machine in seconds (no MLX wheel, no extension build there).
 //
 //   nvcc -O3 -std=c++20 --expt-relaxed-constexpr -lineinfo -arch=sm_90 -I. bench/cuda_kernel_driver.cu \
-//        kernels/cuda/quantized_matmul.cu kernels/cuda/matmul_decode.cu kernels/cuda/matmul_tiles.cu -o driver
+//        kernels/cuda/quantized_matmul.cu kernels/cuda/matmul_decode*.cu kernels/cuda/matmul_tiles.cu -o driver
 //   ./driver [filter]      # JSON lines; filter: a substring of the case names
 //   ./driver --check       # each quantized type's plan against float64 math on the dequantized weight (NMSE)
 //
 // Variant builds: -DGGML_EXT_FRAGMENT_FROM_M=2 routes every format with fragments to the tensor-core kernels from
 // m=2 on (so each is timed at every m); -DGGML_EXT_TUNING lets GGML_EXT_STAGED=<warps><stages> (42, 43, 82, 83,
 // 162, 24) or =unstaged pick the tensor-core kernel's shape at run time, or =dp4a keep the dp4a kernels at every m
-// (kernels/cuda/matmul_decode.cu).
+// (kernels/cuda/matmul_decode_plans.cuh).
 //
 // Each case cycles through enough copies of the weight (>= 256 MB together) that every product reads its weight
 // from DRAM, not from the 50 MB L2, as a model's layers would. Times are CUDA-event times of 200 products in a

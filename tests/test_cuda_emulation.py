@@ -366,7 +366,7 @@ def test_quantized_matmul_broadcasting(kernels, t, m, transpose):
 
 
 # ----------------------------------------------------------------------------- quantized matmul: decode (m <= 8)
-# Quantized weights: x quantized to int8 per 32 elements, integer dot products (kernels/cuda/matmul_decode.cu).
+# Quantized weights: x quantized to int8 per 32 elements, integer dot products (kernels/cuda/matmul_decode_plans.cuh).
 # Held to the rule of the GPU suite (tests/test_matmul.py): NMSE against exact math at most 1.1 times that of
 # ggml's own CPU scheme (emulated below) and at most 2e-4. Float weights keep the float kernel (rounding only).
 

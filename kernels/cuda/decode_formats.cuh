@@ -1,4 +1,4 @@
-// The decode kernels' view of each ggml format (matmul_decode.cu): 32 consecutive elements of a weight row
+// The decode kernels' view of each ggml format (matmul_decode_plans.cuh): 32 consecutive elements of a weight row
 // (an "x-block": the span of one int8 scale of the quantized activations) as 32 int8 codes in 8 words, in
 // x's element order, plus what turns their integer dot with x's codes into a float.
 //

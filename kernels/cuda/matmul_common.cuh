@@ -8,6 +8,11 @@ namespace ggml_ext::cuda {
 // Decode: forward products of m <= kDecodeMaxM rows of x. steps[0].kernel == nullptr: not handled here.
 constexpr int kDecodeMaxM = 8;
 QuantizedMatmulPlan decode_plan(const QuantizedMatmulArgs& args, int ggml_type, FloatType x_type);
+// Its quantized formats by group, one translation unit each (matmul_decode_plans.cuh): an empty plan where
+// ggml_type is not of the group.
+QuantizedMatmulPlan decode_plan_blocks32(const QuantizedMatmulArgs& args, int ggml_type, FloatType x_type);
+QuantizedMatmulPlan decode_plan_superblocks(const QuantizedMatmulArgs& args, int ggml_type, FloatType x_type);
+QuantizedMatmulPlan decode_plan_decoded(const QuantizedMatmulArgs& args, int ggml_type, FloatType x_type);
 // Tiles: any m, forward or transposed.
 QuantizedMatmulPlan tiles_plan(const QuantizedMatmulArgs& args, int ggml_type, FloatType x_type, bool transpose);
 

@@ -1,4 +1,4 @@
-// Step 1 on __dp4a integer dot products (matmul_decode.cu has the design): a warp owns R weight rows, read
+// Step 1 on __dp4a integer dot products (matmul_decode_plans.cuh has the design): a warp owns R weight rows, read
 // straight from global memory (decode_direct_kernel) or staged in shared memory by segments (decode_dot_kernel);
 // WarpDot, the products of x-blocks with the rows, is shared with the fused kernel (matmul_decode_fused.cuh).
 #pragma once

@@ -1,4 +1,4 @@
-// The decode kernel of float weights (F32/F16/BF16, matmul_decode.cu has the design): a warp per weight row.
+// The decode kernel of float weights (F32/F16/BF16, matmul_decode_plans.cuh has the design): a warp per weight row.
 #pragma once
 #include "kernels/cuda/matmul_common.cuh"
 

@@ -1,4 +1,4 @@
-// The decode kernels' operands (matmul_decode.cu has the design): x quantized to int8 per 32 elements, by step 0
+// The decode kernels' operands (matmul_decode_plans.cuh has the design): x quantized to int8 per 32 elements, by step 0
 // (quantize_x_kernel, into the workspace) or inside a one-step kernel (quantize_x_to_shared, into shared memory),
 // and where the kernels read x's blocks (GlobalX, SharedX) and their weight rows (weight_row).
 #pragma once

@@ -1,4 +1,4 @@
-// Decode on tensor cores (matmul_decode.cu has the design): int8 m16n8k32 / m16n8k16 products of 16 weight rows
+// Decode on tensor cores (matmul_decode_plans.cuh has the design): int8 m16n8k32 / m16n8k16 products of 16 weight rows
 // with x's rows as the 8 columns, unstaged (decode_fragment_kernel) or with the rows staged in shared memory by
 // cp.async (decode_staged_fragment_kernel, which may also quantize x itself).
 #pragma once
