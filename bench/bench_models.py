@@ -139,6 +139,8 @@ def main():
     p.add_argument("--llama-args", default="", help="more llama-bench arguments, e.g. '-ngl 99' for a CUDA build")
     p.add_argument("--llama-label", default="", help="what llama.cpp was built from, recorded as given")
     p.add_argument("--mlx-4bit", action="store_true", help="also MLX's own affine 4-bit model of the same shape")
+    p.add_argument("--unstacked", action="store_true",
+                   help="also ours without stacked projections (models.load(stack_projections=False))")
     p.add_argument("--prompts", default="256,512", help="prefill lengths")
     p.add_argument("--decode", type=int, default=128, help="decode tokens")
     p.add_argument("--rounds", type=int, default=3)
@@ -153,6 +155,9 @@ def main():
         affine, _ = models.load(args.model)
         affine = mlx_affine4(affine)
         contenders["mlx_affine4"] = lambda: ours(affine, prompts, args.decode, 1)
+    if args.unstacked:
+        unstacked, _ = models.load(args.model, stack_projections=False)
+        contenders["ours_unstacked"] = lambda: ours(unstacked, prompts, args.decode, 1)
     if args.llama_bench:
         contenders["llama.cpp"] = lambda: llama_bench(args.llama_bench, args.model, prompts, args.decode,
                                                       args.threads, args.llama_args)
@@ -162,7 +167,7 @@ def main():
     emit({"setup": setup})
     # Warm-up of every MLX model: first-call allocations, kernel loads and page faults of the mapped weights
     # (without it the first round's MLX affine 4-bit prefill on the H100 came out at half speed).
-    for warm in [model] + ([affine] if args.mlx_4bit else []):
+    for warm in [model] + ([affine] if args.mlx_4bit else []) + ([unstacked] if args.unstacked else []):
         ours(warm, prompts, 8, 0)
     samples = {name: [] for name in contenders}
     for r in range(args.rounds):

@@ -61,8 +61,10 @@ MATRIX_TYPES = [gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q8_0, 
                 gguf.GGMLQuantizationType.Q5_0, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.Q4_0]
 
 
-def write_model(path: str, m: TinyModel, seed: int = 0) -> None:
-    """A GGUF file for `m` with random weights in several ggml types."""
+def write_model(path: str, m: TinyModel, seed: int = 0, matrix_types=None) -> None:
+    """A GGUF file for `m` with random weights in several ggml types (`matrix_types`, cycled through the
+    matrices in the order written: MATRIX_TYPES by default)."""
+    matrix_types = matrix_types or MATRIX_TYPES
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(path, m.arch)
     a = m.arch
@@ -93,7 +95,7 @@ def write_model(path: str, m: TinyModel, seed: int = 0) -> None:
         w.add_tensor(name, q, raw_dtype=qtype if q.dtype == np.uint8 else None)
 
     def matrix(name, rows, cols, scale=None):
-        types = [t for t in MATRIX_TYPES if cols % 256 == 0 or not t.name.endswith("_K")]
+        types = [t for t in matrix_types if cols % 256 == 0 or not t.name.endswith("_K")]
         qtype = types[counter[0] % len(types)]
         counter[0] += 1
         data = rng.standard_normal((rows, cols)) * (scale or 1 / math.sqrt(cols))
@@ -101,7 +103,7 @@ def write_model(path: str, m: TinyModel, seed: int = 0) -> None:
 
     def experts(name, rows, cols):
         """E matrices as one 3-D tensor (ggml ne = (cols, rows, E)), each expert quantized row by row."""
-        types = [t for t in MATRIX_TYPES if cols % 256 == 0 or not t.name.endswith("_K")]
+        types = [t for t in matrix_types if cols % 256 == 0 or not t.name.endswith("_K")]
         qtype = types[counter[0] % len(types)]
         counter[0] += 1
         data = rng.standard_normal((m.experts * rows, cols)) / math.sqrt(cols)

@@ -47,9 +47,11 @@ def _with_softcap(model_class):
 
 
 def build_model(gguf_file: _gguf.GGUFFile, progress: Progress = None, fused_ops: bool = True,
-                precise_head: bool = True) -> nn.Module:
+                precise_head: bool = True, stack_projections: bool = True) -> nn.Module:
     """The mlx-lm model of an already loaded GGUFFile (its tensors stay in the file's mapping). With `fused_ops`,
-    attention and the gated feed-forward run on the package's kernels where they have one (models/fused.py).
+    attention and the gated feed-forward run on the package's kernels where they have one (models/fused.py),
+    and with `stack_projections` too, a layer's q/k/v and gate/up of one block type are one product each
+    (models/projections.py: fewer products per token, their weights copied once at load).
     With `precise_head`, the output head (tied or not) takes x with its rounding residual (`precise_x`)."""
     tensors = gguf_file.tensors
     config = model_config(gguf_file.metadata, {name: t.shape for name, t in tensors.items()})
@@ -74,13 +76,13 @@ def build_model(gguf_file: _gguf.GGUFFile, progress: Progress = None, fused_ops:
         for layer in model.layers:
             layer.self_attn.rope = FactorRoPE(config.rope_dims, config.args["rope_theta"], True, factors)
     if fused_ops:
-        use_fused_ops(model, config.architecture, config.args["model_type"])
+        use_fused_ops(model, config.architecture, config.args["model_type"], stack_projections)
     model.gguf_config = config
     return model
 
 
 def load(path: "str | os.PathLike", *, tokenizer: bool = True, progress: Progress = None, fused_ops: bool = True,
-         precise_head: bool = True) -> Tuple[nn.Module, Optional[object]]:
+         precise_head: bool = True, stack_projections: bool = True) -> Tuple[nn.Module, Optional[object]]:
     """`(model, tokenizer)` for a GGUF file: the model as above, the tokenizer an mlx-lm TokenizerWrapper
     built from the file's vocabulary (None when `tokenizer=False`). `progress(done, total)` is called as the
     model's modules receive their tensors. `precise_head` (default): the output head's products take x in two
@@ -91,7 +93,7 @@ def load(path: "str | os.PathLike", *, tokenizer: bool = True, progress: Progres
     qwen3, qwen3moe, gemma3, phi3, gpt-oss."""
     gguf_file = _gguf.load(path)
     architecture_of(gguf_file.metadata)  # the clear error before anything else
-    model = build_model(gguf_file, progress, fused_ops, precise_head)
+    model = build_model(gguf_file, progress, fused_ops, precise_head, stack_projections)
     tok = None
     if tokenizer:
         from ..tokenizer import load_tokenizer

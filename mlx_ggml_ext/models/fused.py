@@ -5,7 +5,8 @@ and the feed-forward's activation (several single-threaded elementwise passes) t
 `ops.attention` and `ops.glu` do the same math in one threaded SIMD kernel each. Elsewhere the model keeps MLX's
 ops: ops.attention has no GPU kernel, and neither op has a Metal kernel.
 
-- The feed-forward: each layer's `mlp` is replaced by a `GatedMLP` holding the same projection layers; a mixture of
+- The feed-forward: each layer's `mlp` is replaced by a `GatedMLP` holding the same projection layers (gate and up
+  stacked into one product where they share a block type: models/projections.py, as are q/k/v); a mixture of
   experts' `switch_mlp` by a `GGMLSwitchGLU` over its expert layers.
 - gpt-oss keeps mlx-lm's SwitchGLU (over GGMLSwitchLinear experts) for its clamped SwiGLU variant, and its
   attention keeps MLX's: it passes attention sinks, which ops.attention does not take, so `_dispatching_attention`
@@ -27,6 +28,7 @@ from mlx_lm.models import base as _mlx_lm_base
 
 from .. import _ext, ops
 from ..nn import GGMLSwitchGLU
+from .projections import stack_attention_projections, stack_linears, stackable
 from .rope import GGMLRoPE, sharing_positions
 
 _mlx_lm_attention = _mlx_lm_base.scaled_dot_product_attention
@@ -50,12 +52,14 @@ def _dispatching_attention(queries, keys, values, cache, scale: float, mask, sin
 class GatedMLP(nn.Module):
     """down(act(gate(x)) * up(x)), or down(glu(gate_up(x))) where gate and up are one fused matrix (phi3)."""
 
-    def __init__(self, mlp: nn.Module, kind: str):
+    def __init__(self, mlp: nn.Module, kind: str, stack: bool = True):
         super().__init__()
         self.kind = kind
         self.down_proj = mlp.down_proj
         if "gate_up_proj" in mlp:
             self.gate_up_proj = mlp.gate_up_proj
+        elif stack and stackable([mlp.gate_proj, mlp.up_proj]):  # one product in ggml's fused layout (models/projections.py)
+            self.gate_up_proj = stack_linears([mlp.gate_proj, mlp.up_proj])
         else:
             self.gate_proj, self.up_proj = mlp.gate_proj, mlp.up_proj
 
@@ -63,6 +67,8 @@ class GatedMLP(nn.Module):
         # Submodules read as dict items: nn.Module's attribute fallback costs ~1-2 us a lookup per token.
         gate_up = self.get("gate_up_proj")
         if gate_up is not None:
+            if _glu_has_kernel():  # the halves as they are: ops.glu's fused layout
+                return self["down_proj"](_ext.glu(gate_up(x), None, self.kind))
             gate, up = mx.split(gate_up(x), 2, axis=-1)
         else:
             gate, up = self["gate_proj"](x), self["up_proj"](x)
@@ -77,7 +83,7 @@ GLU_KIND = {"llama": "swiglu", "qwen2": "swiglu", "qwen3": "swiglu", "qwen3moe":
             "gemma3": "geglu"}
 
 
-def use_fused_ops(model: nn.Module, architecture: str, mlx_lm_module: str) -> None:
+def use_fused_ops(model: nn.Module, architecture: str, mlx_lm_module: str, stack_projections: bool = True) -> None:
     """Swaps each layer's feed-forward for a GatedMLP and MLX's plain rotary embedding for GGMLRoPE, and routes
     the architecture's attention through `_dispatching_attention` (see the module docstring)."""
     for layer in model.layers:
@@ -88,7 +94,9 @@ def use_fused_ops(model: nn.Module, architecture: str, mlx_lm_module: str) -> No
         elif architecture == "gpt-oss":
             pass  # mlx-lm's SwitchGLU with its SwigluOAI activation, which ops.glu does not compute
         else:
-            layer.mlp = GatedMLP(layer.mlp, GLU_KIND[architecture])
+            layer.mlp = GatedMLP(layer.mlp, GLU_KIND[architecture], stack_projections)
+        if stack_projections:
+            stack_attention_projections(layer.self_attn)
         if type(getattr(layer.self_attn, "rope", None)) is nn.RoPE:  # not the subclasses with scalings of their own
             layer.self_attn.rope = GGMLRoPE(layer.self_attn.rope)
     module = importlib.import_module(f"mlx_lm.models.{mlx_lm_module}")
