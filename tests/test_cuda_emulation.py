@@ -300,8 +300,10 @@ def test_rope(kernels, ftype, mode, case, inverse):
 
 # ----------------------------------------------------------------------------- quantized matmul
 
-def matmul_case(kernels, t, x_type, m, transpose, batch=(1, 1), w_batch=(1, 1), n=40, out_f32=False, k=None):
-    """Runs the kernel on random data; returns (got, expected float64)."""
+def matmul_case(kernels, t, x_type, m, transpose, batch=(1, 1), w_batch=(1, 1), n=40, out_f32=False, k=None,
+                float_x=False):
+    """Runs the kernel on random data; returns (got, expected float64). float_x: ops' precise_x (float32 x stays
+    float32 on the tiles)."""
     rng = np.random.default_rng(int(t) * 100 + m)
     k = k or 2 * max(t.block_size, 32) + (3 if t.is_float else 0)
     (b3, b2), (a3, a2) = batch, w_batch
@@ -312,7 +314,7 @@ def matmul_case(kernels, t, x_type, m, transpose, batch=(1, 1), w_batch=(1, 1), 
     y = np.zeros((b3 * b2, m, outs), np.float32 if out_f32 or x_type == F32 else NP_TYPES[x_type])
     args = QuantizedMatmulArgs(ptr(x), ptr(w), ptr(y), None, m, n, k, w.shape[-1], b3 * b2, b2, a2, b2 // a2, b3 // a3,
                                out_f32)
-    assert kernels.emulated_quantized_matmul(args, int(t), x_type, int(transpose)) == 0
+    assert kernels.emulated_quantized_matmul(args, int(t), x_type, int(transpose), int(float_x)) == 0
     xs = loaded(x, x_type)
     expected = np.empty(y.shape)
     for z in range(b3 * b2):
@@ -325,9 +327,26 @@ def matmul_case(kernels, t, x_type, m, transpose, batch=(1, 1), w_batch=(1, 1), 
 @pytest.mark.parametrize("t", list(GGMLType), ids=lambda t: t.name)
 @pytest.mark.parametrize("m, transpose", [(9, False), (70, False), (1, True), (70, True)], ids=str)
 def test_quantized_matmul_float32(kernels, t, m, transpose):
-    """float32 x: FMA tiles; against float64 on gguf-independent decoded weights. (Decode, m <= 8: below.)"""
-    got, expected = matmul_case(kernels, t, F32, m, transpose)
+    """float32 x kept float32 (precise_x): FMA tiles; against float64 on gguf-independent decoded weights. (Decode,
+    m <= 8: below.)"""
+    got, expected = matmul_case(kernels, t, F32, m, transpose, float_x=True)
     assert nmse(got, expected) < 1e-10
+
+
+@pytest.mark.parametrize("t", [GGMLType.Q4_0, GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.MXFP4, GGMLType.IQ2_XXS,
+                               GGMLType.F16], ids=lambda t: t.name)
+@pytest.mark.parametrize("m, k", [(9, None), (70, 263 * 32)], ids=str)
+def test_quantized_matmul_float32_on_tensor_cores(kernels, t, m, k):
+    """float32 x on quantized weights, forward, without precise_x: the bfloat16 tensor-core tiles (x and the weight
+    rounded to bfloat16 as they are staged, float32 sums and output; aligned words, MXFP4's reference decoder, an IQ
+    grid's), k = 8416 not a whole number of 64-element steps for the 32-element formats. Float weights keep the FMA
+    tiles (their rounding only)."""
+    if t.block_size == 256 and k:
+        k = 33 * 256
+    got, expected = matmul_case(kernels, t, F32, m, False, k=k)
+    assert nmse(got, expected) < (1e-10 if t.is_float else HALF_BOUND[BF16])
+    if not t.is_float:  # rounded, not exact: the FMA tiles would be below 1e-10
+        assert nmse(got, expected) > 1e-9
 
 
 HALF_BOUND = {F16: 2e-6, BF16: 1e-4}  # one rounding of weight and output: (2^-11)^2 or (2^-8)^2 scale
@@ -361,7 +380,7 @@ def test_quantized_matmul_half_tiles_edges(kernels, t, k, m, transpose):
 @pytest.mark.parametrize("m, transpose", [(70, False), (5, True)], ids=str)
 def test_quantized_matmul_broadcasting(kernels, t, m, transpose):
     """ggml's broadcasting: x batches (2, 4) over weight batches (1, 2)."""
-    got, expected = matmul_case(kernels, t, F32, m, transpose, batch=(2, 4), w_batch=(1, 2))
+    got, expected = matmul_case(kernels, t, F32, m, transpose, batch=(2, 4), w_batch=(1, 2), float_x=True)
     assert nmse(got, expected) < 1e-10
 
 
@@ -489,7 +508,7 @@ def test_decode_unaligned_rows(kernels, t, offset):
     y = np.zeros((m, n), np.float32)
     args = QuantizedMatmulArgs(ptr(x), buf.ctypes.data + base, ptr(y), None, m, n, k, w.shape[-1], 1, 1, 1, 1, 1,
                                False)
-    assert kernels.emulated_quantized_matmul(args, int(t), F32, 0) == 0
+    assert kernels.emulated_quantized_matmul(args, int(t), F32, 0, 0) == 0
     dense = reference.dequantize(w, t.name, (n, k))
     exact = x.astype(np.float64) @ dense.T
     assert_no_less_accurate_than_ggml(y, exact, ggml_scheme(x.astype(np.float64), t) @ dense.T, "unaligned")
@@ -565,7 +584,7 @@ def test_decode_x_codes_round_to_nearest_even(kernels, n):
         xm = np.ascontiguousarray(x[:m])
         y = np.zeros((m, n), np.float32)
         args = QuantizedMatmulArgs(ptr(xm), ptr(w), ptr(y), None, m, n, k, w.shape[-1], 1, 1, 1, 1, 1, False)
-        assert kernels.emulated_quantized_matmul(args, int(GGMLType.Q8_0), F32, 0) == 0
+        assert kernels.emulated_quantized_matmul(args, int(GGMLType.Q8_0), F32, 0, 0) == 0
         np.testing.assert_array_equal(y, codes[:m, np.arange(n) % k], err_msg=f"m={m}")
 
 
@@ -579,7 +598,7 @@ def test_decode_non_finite_x(kernels):
     x[2, 40] = np.inf
     y = np.zeros((3, n), np.float32)
     args = QuantizedMatmulArgs(ptr(x), ptr(w), ptr(y), None, 3, n, k, w.shape[-1], 1, 1, 1, 1, 1, False)
-    assert kernels.emulated_quantized_matmul(args, int(t), F32, 0) == 0
+    assert kernels.emulated_quantized_matmul(args, int(t), F32, 0, 0) == 0
     assert np.isfinite(y[0]).all() and np.isnan(y[1]).all() and not np.isfinite(y[2]).any()
     # One row at a time on a weight of many rows: the fused kernel (x quantized in shared memory) does the same.
     n = 8195
@@ -588,7 +607,7 @@ def test_decode_non_finite_x(kernels):
     for i, yi in enumerate(rows):
         xi = np.ascontiguousarray(x[i:i + 1])
         args = QuantizedMatmulArgs(ptr(xi), ptr(w), ptr(yi), None, 1, n, k, w.shape[-1], 1, 1, 1, 1, 1, False)
-        assert kernels.emulated_quantized_matmul(args, int(t), F32, 0) == 0
+        assert kernels.emulated_quantized_matmul(args, int(t), F32, 0, 0) == 0
     assert np.isfinite(rows[0]).all() and np.isnan(rows[1]).all() and not np.isfinite(rows[2]).any()
 
 

@@ -106,7 +106,8 @@ struct QuantizedMatmulPlan {
   KernelLaunch steps[kMaxSteps];
   int64_t workspace_bytes = 0;
 };
-// float_x: x stays float (the tiles), never quantized to int8 (the decode route).
+// float_x: x stays float (the tiles), never quantized to int8 (the decode route) nor rounded to bfloat16 (float32 x
+// on the tensor-core tiles).
 QuantizedMatmulPlan quantized_matmul_plan(const QuantizedMatmulArgs& args, int ggml_type, FloatType x_type,
                                           bool transpose, bool float_x = false);
 

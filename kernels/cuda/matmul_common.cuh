@@ -13,8 +13,10 @@ QuantizedMatmulPlan decode_plan(const QuantizedMatmulArgs& args, int ggml_type, 
 QuantizedMatmulPlan decode_plan_blocks32(const QuantizedMatmulArgs& args, int ggml_type, FloatType x_type);
 QuantizedMatmulPlan decode_plan_superblocks(const QuantizedMatmulArgs& args, int ggml_type, FloatType x_type);
 QuantizedMatmulPlan decode_plan_decoded(const QuantizedMatmulArgs& args, int ggml_type, FloatType x_type);
-// Tiles: any m, forward or transposed.
-QuantizedMatmulPlan tiles_plan(const QuantizedMatmulArgs& args, int ggml_type, FloatType x_type, bool transpose);
+// Tiles: any m, forward or transposed. exact_x: float32 x stays float32 (the FMA tiles), else its forward product
+// on quantized weights takes the bfloat16 tensor cores.
+QuantizedMatmulPlan tiles_plan(const QuantizedMatmulArgs& args, int ggml_type, FloatType x_type, bool transpose,
+                               bool exact_x);
 
 // Whether every weight row starts on a `bytes`-byte boundary (the base and the row length are multiples of it).
 inline bool rows_aligned(const QuantizedMatmulArgs& a, int bytes) {

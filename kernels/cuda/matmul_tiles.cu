@@ -7,7 +7,12 @@
 //     formats of 32-element blocks decode after issuing the multiply, K-quants before it).
 //     Weight rows on 4-byte boundaries are read as aligned words (decode_formats.cuh, as the decode kernels
 //     do); others, and float weights, through the reference decoders (weights.cuh).
-//   float32 x: float32 FMAs on 64x64 tiles, 32 reduction steps (no precision lost to the inputs).
+//   float32 x, forward on quantized weights: the same tensor-core tiles in bfloat16 (x rounded as it is staged:
+//     at most ggml's own loss, whose GPU kernels take x as 8-bit codes per 32 elements, and no overflow), float32
+//     sums and output. Measured on an H200 before it (the FMA tiles below): Q4_K 4096 x 14336 at 512 rows of x
+//     3.4 ms against llama.cpp's 0.35 ms (bench_mul_mat_vs_ggml.py), most of a model's prefill.
+//   float32 x otherwise (precise_x, the transposed product of the vjp, float weights): float32 FMAs on 64x64
+//     tiles, 32 reduction steps (no precision lost to the inputs).
 #include "kernels/cuda/decode_formats.cuh"
 #include "kernels/cuda/matmul_common.cuh"
 // Tensor cores (WMMA, bfloat16 included) need sm_80; the host emulation of tests/cuda_emulation supplies the API.
@@ -232,8 +237,9 @@ struct TcLoads {
 };
 
 // Two stages in dynamic shared memory: step s + 1 is decoded and stored while the warps multiply step s, one
-// barrier per step.
-template <class Decoder, typename T, bool kTranspose, int kM>
+// barrier per step. X: x's type in memory (and the output's); T: the tensor cores' (X itself, or bfloat16 for
+// float32 x).
+template <class Decoder, typename X, typename T, bool kTranspose, int kM>
 __global__ void __launch_bounds__(kTcThreads, 2) tc_tiles_kernel(QuantizedMatmulArgs a) {
   // Formats of one 32-element block per x-block decode the next step after issuing the multiply (the bytes
   // prefetched into L1 before it), so the decoding overlaps the tensor cores: m = 512, 128-row tiles, Q4_0
@@ -249,11 +255,11 @@ __global__ void __launch_bounds__(kTcThreads, 2) tc_tiles_kernel(QuantizedMatmul
   const int64_t o0 = static_cast<int64_t>(blockIdx.x) * kTcOut;
   const Orientation<kTranspose> o{a};
   const int64_t reduce = o.reduce(), outs = o.outs();
-  const T* x = static_cast<const T*>(a.x) + z * a.m * reduce;
+  const X* x = static_cast<const X*>(a.x) + z * a.m * reduce;
   const uint8_t* w = static_cast<const uint8_t*>(a.w) + weight_batch(a, z) * a.n * a.row_bytes;
   const Decoder decoder;
   // This thread's chunks of x: chunk c = t + kTcThreads * i is row c / 4 of the tile, elements 16 (c % 4)..+15.
-  const bool x_words = aligned(a.x, 16) && reduce % (16 / sizeof(T)) == 0;
+  const bool x_words = aligned(a.x, 16) && reduce % (16 / sizeof(X)) == 0;
   // This thread's x-block of the weight: forward, row o0 + t/2, x-block (step) + t%2; transposed, row
   // (step) + t/4, x-block o0/32 + t%4. Stored at w[wr][wc..wc+31].
   const int wr = kTranspose ? t / 4 : t / 2, wc = kTranspose ? 32 * (t % 4) : 32 * (t % 2);
@@ -262,16 +268,18 @@ __global__ void __launch_bounds__(kTcThreads, 2) tc_tiles_kernel(QuantizedMatmul
 #pragma unroll
     for (int i = 0; i < kXChunks; ++i) {
       const int c = t + kTcThreads * i, xi = c / 4, xj = 16 * (c % 4);
-      const bool row = m0 + xi < a.m;
-      if (row && x_words && r0 + xj + 16 <= reduce) {
-        const uint4* p = reinterpret_cast<const uint4*>(x + (m0 + xi) * reduce + r0 + xj);
-        l.x[i].v[0] = __ldg(p);
-        l.x[i].v[1] = __ldg(p + 1);
-      } else {
-        float v[16] = {};
-        if (row) load_x_chunk(x + (m0 + xi) * reduce, (r0 + xj) / 16, reduce, false, v);
-        l.x[i] = pack16<T>(v);
+      const bool row = m0 + xi < a.m, whole = x_words && r0 + xj + 16 <= reduce;
+      if constexpr (std::is_same_v<X, T>) {
+        if (row && whole) {
+          const uint4* p = reinterpret_cast<const uint4*>(x + (m0 + xi) * reduce + r0 + xj);
+          l.x[i].v[0] = __ldg(p);
+          l.x[i].v[1] = __ldg(p + 1);
+          continue;
+        }
       }
+      float v[16] = {};
+      if (row) load_x_chunk(x + (m0 + xi) * reduce, (r0 + xj) / 16, reduce, whole, v);
+      l.x[i] = pack16<T>(v);
     }
   };
   auto w_row = [&](int64_t r0) { return kTranspose ? r0 + wr : o0 + wr; };
@@ -341,7 +349,7 @@ __global__ void __launch_bounds__(kTcThreads, 2) tc_tiles_kernel(QuantizedMatmul
       const int64_t out0 = o0 + acc.warp_col() + 16 * j + c0;
 #pragma unroll
       for (int c = 0; c < 8; ++c)
-        if (m < a.m && out0 + c < outs) store_output<T>(a, (z * a.m + m) * outs + out0 + c, scratch[r * kScratchLd + c0 + c]);
+        if (m < a.m && out0 + c < outs) store_output<X>(a, (z * a.m + m) * outs + out0 + c, scratch[r * kScratchLd + c0 + c]);
       __syncwarp();
     }
 }
@@ -359,12 +367,18 @@ QuantizedMatmulPlan fma_plan(const QuantizedMatmulArgs& a, bool transpose) {
   return p;
 }
 
-template <typename T, class Decoder, int kM>
+// float32 x (T bfloat16) is only ever forward: its transposed kernels are not compiled.
+template <typename X, typename T, class Decoder, int kM>
 QuantizedMatmulPlan tc_plan_rows(const QuantizedMatmulArgs& a, bool transpose) {
   QuantizedMatmulPlan p;
   KernelLaunch& l = p.steps[0];
-  l.kernel = transpose ? reinterpret_cast<const void*>(&tc_tiles_kernel<Decoder, T, true, kM>)
-                       : reinterpret_cast<const void*>(&tc_tiles_kernel<Decoder, T, false, kM>);
+  if constexpr (std::is_same_v<X, T>) {
+    l.kernel = transpose ? reinterpret_cast<const void*>(&tc_tiles_kernel<Decoder, X, T, true, kM>)
+                         : reinterpret_cast<const void*>(&tc_tiles_kernel<Decoder, X, T, false, kM>);
+  } else {
+    if (transpose) return p;
+    l.kernel = reinterpret_cast<const void*>(&tc_tiles_kernel<Decoder, X, T, false, kM>);
+  }
   l.grid = dim3(ceil_div(transpose ? a.k : a.n, kTcOut), ceil_div(a.m, kM), static_cast<unsigned>(a.batches));
   l.block = dim3(kTcThreads);
   l.shared_bytes = 2 * static_cast<unsigned>(transpose ? sizeof(TcStage<T, true, kM>) : sizeof(TcStage<T, false, kM>));
@@ -372,42 +386,54 @@ QuantizedMatmulPlan tc_plan_rows(const QuantizedMatmulArgs& a, bool transpose) {
 }
 // 128 rows of x per tile (each weight x-block decoded for twice the rows: measured 1.0-1.4x faster at m = 512 on
 // the H100) from 65 rows on, 64 below (less tensor-core work spent on rows past m).
-template <typename T, class Decoder>
+template <typename X, typename T, class Decoder>
 QuantizedMatmulPlan tc_plan(const QuantizedMatmulArgs& a, bool transpose) {
-  return a.m > 64 ? tc_plan_rows<T, Decoder, 128>(a, transpose) : tc_plan_rows<T, Decoder, 64>(a, transpose);
+  return a.m > 64 ? tc_plan_rows<X, T, Decoder, 128>(a, transpose) : tc_plan_rows<X, T, Decoder, 64>(a, transpose);
 }
 
 // The aligned-word decoder of a quantized type, when its rows start on 4-byte boundaries (sh_words reads whole
 // words and never past a row whose length is a multiple of 4); else the reference decoder.
-template <typename T>
+template <typename X, typename T>
 QuantizedMatmulPlan tc_plan_for(const QuantizedMatmulArgs& a, int type, bool transpose) {
   const bool words = rows_aligned(a, 4);
   switch (type) {
 #define GGML_EXT_TC_CASE(NAME, name, id, qk, bytes)                                         \
   case GGML_EXT_TYPE_##NAME:                                                               \
-    return words ? tc_plan<T, WordDecoder<decode::Fmt##NAME>>(a, transpose)                 \
-                 : tc_plan<T, ReferenceDecoder<Weights_##name>>(a, transpose);
+    return words ? tc_plan<X, T, WordDecoder<decode::Fmt##NAME>>(a, transpose)              \
+                 : tc_plan<X, T, ReferenceDecoder<Weights_##name>>(a, transpose);
     GGML_EXT_FOR_EACH_LAYOUT_QUANT_TYPE(GGML_EXT_TC_CASE)
 #undef GGML_EXT_TC_CASE
     // The decoded types (IQ grids, ternary): their reference decoders only, at any alignment.
 #define GGML_EXT_TC_DECODED_CASE(NAME, name, id, qk, bytes) \
-  case GGML_EXT_TYPE_##NAME: return tc_plan<T, ReferenceDecoder<Weights_##name>>(a, transpose);
+  case GGML_EXT_TYPE_##NAME: return tc_plan<X, T, ReferenceDecoder<Weights_##name>>(a, transpose);
     GGML_EXT_FOR_EACH_DECODED_QUANT_TYPE(GGML_EXT_TC_DECODED_CASE)
 #undef GGML_EXT_TC_DECODED_CASE
-    case GGML_EXT_TYPE_F32: return tc_plan<T, ReferenceDecoder<Weights_f32>>(a, transpose);
-    case GGML_EXT_TYPE_F16: return tc_plan<T, ReferenceDecoder<Weights_f16>>(a, transpose);
-    case GGML_EXT_TYPE_BF16: return tc_plan<T, ReferenceDecoder<Weights_bf16>>(a, transpose);
+    case GGML_EXT_TYPE_F32:
+      if constexpr (std::is_same_v<X, T>) return tc_plan<X, T, ReferenceDecoder<Weights_f32>>(a, transpose);
+      return {};
+    case GGML_EXT_TYPE_F16:
+      if constexpr (std::is_same_v<X, T>) return tc_plan<X, T, ReferenceDecoder<Weights_f16>>(a, transpose);
+      return {};
+    case GGML_EXT_TYPE_BF16:
+      if constexpr (std::is_same_v<X, T>) return tc_plan<X, T, ReferenceDecoder<Weights_bf16>>(a, transpose);
+      return {};
     default: return {};
   }
 }
 }  // namespace
 
-QuantizedMatmulPlan tiles_plan(const QuantizedMatmulArgs& args, int ggml_type, FloatType x_type, bool transpose) {
+QuantizedMatmulPlan tiles_plan(const QuantizedMatmulArgs& args, int ggml_type, FloatType x_type, bool transpose,
+                               bool exact_x) {
   switch (x_type) {
-    case FloatType::f32:
+    case FloatType::f32: {
+      if (!exact_x && !transpose) {  // the bfloat16 tensor cores (quantized weights only: empty for float ones)
+        const QuantizedMatmulPlan p = tc_plan_for<float, __nv_bfloat16>(args, ggml_type, false);
+        if (p.steps[0].kernel) return p;
+      }
       return with_weights(ggml_type, [&](auto weights) { return fma_plan<decltype(weights)>(args, transpose); });
-    case FloatType::f16: return tc_plan_for<__half>(args, ggml_type, transpose);
-    case FloatType::bf16: return tc_plan_for<__nv_bfloat16>(args, ggml_type, transpose);
+    }
+    case FloatType::f16: return tc_plan_for<__half, __half>(args, ggml_type, transpose);
+    case FloatType::bf16: return tc_plan_for<__nv_bfloat16, __nv_bfloat16>(args, ggml_type, transpose);
   }
   return {};
 }

@@ -11,7 +11,7 @@ QuantizedMatmulPlan quantized_matmul_plan(const QuantizedMatmulArgs& args, int g
     QuantizedMatmulPlan p = decode_plan(args, ggml_type, x_type);
     if (p.steps[0].kernel) return p;
   }
-  return tiles_plan(args, ggml_type, x_type, transpose);
+  return tiles_plan(args, ggml_type, x_type, transpose, float_x);
 }
 
 }  // namespace ggml_ext::cuda

@@ -296,9 +296,9 @@ int emulated_mul_mat_id(kc::MulMatIdArgs args, int ggml_type, int x_type, int tr
   return 0;
 }
 
-int emulated_quantized_matmul(kc::QuantizedMatmulArgs args, int ggml_type, int x_type, int transpose) {
+int emulated_quantized_matmul(kc::QuantizedMatmulArgs args, int ggml_type, int x_type, int transpose, int float_x) {
   const kc::QuantizedMatmulPlan plan =
-      kc::quantized_matmul_plan(args, ggml_type, static_cast<kc::FloatType>(x_type), transpose != 0);
+      kc::quantized_matmul_plan(args, ggml_type, static_cast<kc::FloatType>(x_type), transpose != 0, float_x != 0);
   if (!plan.steps[0].kernel) return 1;
   std::vector<unsigned char> workspace(plan.workspace_bytes + 16, 0xA5);  // garbage, as on a GPU
   args.workspace = plan.workspace_bytes ? workspace.data() : nullptr;
