@@ -17,9 +17,10 @@
 //      them (WarpDot of matmul_decode_dp4a.cuh: the decode route's __dp4a products, so the arithmetic is
 //      quantized_matmul's on m <= 8 rows). An expert with more pairs than MB reads its rows again for the next
 //      chunk, from L2 (the block's rows stay small: R * row_bytes per warp).
-//   A few tokens (t * n_used <= kOneLaunchPairs, a chunk's rows of x within 48 KB) take one launch instead,
+//   One token (n_used <= kOneLaunchPairs, its row of x within 48 KB) takes one launch instead,
 //   one_launch_dot_kernel (mul_mat_id_one_launch.cuh): each block finds its expert and pairs in the ids itself and
-//   quantizes the chunk's rows of x into its shared memory; no workspace.
+//   quantizes the row of x into its shared memory; no workspace. (At 8 tokens that per-block quantization made it
+//   slower than the two launches: set_grouped_dot.)
 //   Other weights (float types, quantized rows not on 4-byte boundaries):
 //   step 0 only groups, and step 1 is grouped_float_kernel, a warp per weight row, each 16-element chunk decoded once
 //   per chunk of 8 pairs by the shared chunk decoders of weights.cuh, float32 sums, its blocks mapped as step 1's.
@@ -216,18 +217,23 @@ bool with_dot_format(int type, Make&& make) {
   return false;
 }
 
-// The dot step with MB pairs per chunk: one launch (one_launch_dot_kernel, no workspace) where the pairs fit one
-// block and a chunk's rows of x its shared memory, else step 1 after step 0.
+// The dot step with MB pairs per chunk: one launch (one_launch_dot_kernel, no workspace) for one token where its
+// pairs fit one block and a chunk's rows of x its shared memory, else step 1 after step 0. One token only: every
+// block of the one-launch kernel quantizes its chunk's rows of x itself, which at 8 tokens (MB = 8) made it slower
+// than the two launches (H200, qwen3-30b-a3b's experts: 81-103 us per product against 44-50 on an H100 the day
+// before, and against 31-40 us for one token; bench/results/h200-2026-11-28-mul-mat-id-vs-llama-cpp-cuda.json).
 template <class F, int MB, typename T>
 void set_grouped_dot(MulMatIdPlan& p, const MulMatIdArgs& a) {
   const dim3 grid(ceil_div(a.n, kDotWarps * rows_per_warp<MB>()), busy_bound(a)), block(kDotWarps * 32);
-  const int64_t shared = one_launch_shared_bytes<MB>(a);
-  if (pair_count(a) <= kOneLaunchPairs && shared <= kOneLaunchShared) {
-    p.steps[0] = KernelLaunch{reinterpret_cast<const void*>(&one_launch_dot_kernel<F, MB, T>), grid, block,
-                              static_cast<unsigned>(shared)};
-    p.steps[1] = KernelLaunch{};
-    p.workspace_bytes = 0;
-    return;
+  if constexpr (MB == 1) {  // the one-launch kernel is compiled for one token only
+    const int64_t shared = one_launch_shared_bytes<MB>(a);
+    if (pair_count(a) <= kOneLaunchPairs && shared <= kOneLaunchShared) {
+      p.steps[0] = KernelLaunch{reinterpret_cast<const void*>(&one_launch_dot_kernel<F, MB, T>), grid, block,
+                                static_cast<unsigned>(shared)};
+      p.steps[1] = KernelLaunch{};
+      p.workspace_bytes = 0;
+      return;
+    }
   }
   p.steps[1] = KernelLaunch{reinterpret_cast<const void*>(&grouped_dot_kernel<F, MB, T>), grid, block};
 }

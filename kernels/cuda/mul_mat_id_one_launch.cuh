@@ -1,6 +1,5 @@
-// mul_mat_id of a few tokens in one kernel (mul_mat_id.cu has the design): where the (token, slot) pairs fit one
-// block (t * n_used <= kOneLaunchPairs: a decode, speculative decoding) and the rows of x of a chunk fit its shared
-// memory, every block finds its own expert and pairs from the ids and quantizes the chunk's rows of x itself, so
+// mul_mat_id of one token in one kernel (mul_mat_id.cu has the design): where its (token, slot) pairs fit one
+// block (n_used <= kOneLaunchPairs: a decode) and its row of x fits the shared memory, every block finds its own expert and pairs from the ids and quantizes the chunk's rows of x itself, so
 // the product is one kernel node (in MLX's CUDA graph each node costs host time, ~1-3 us) with no workspace. Also
 // here: what this kernel and the two-launch grouped_dot_kernel share (the expert's view, storing the sums).
 #pragma once
@@ -12,7 +11,7 @@ namespace ggml_ext::cuda {
 namespace {
 
 constexpr int kDotWarps = 4;              // both dot kernels: warps per block, R weight rows each
-constexpr int kOneLaunchPairs = 64;       // pairs one block groups by itself (t <= 8 tokens of up to 8 experts)
+constexpr int kOneLaunchPairs = 64;       // pairs one block groups by itself (one token of up to 64 experts)
 constexpr int64_t kOneLaunchShared = 48 * 1024;  // the chunk's quantized rows of x: several blocks per SM
 static_assert(kDotWarps * 32 >= kOneLaunchPairs, "a thread per pair");
 
