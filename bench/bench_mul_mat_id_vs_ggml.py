@@ -75,7 +75,8 @@ def our_us(weights, inputs) -> float:
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ggml-bin", required=True, help="llama.cpp's test-backend-ops")
+    p.add_argument("--ggml-bin", help="llama.cpp's test-backend-ops")
+    p.add_argument("--ours-only", action="store_true", help="time ours alone (before/after runs of two builds)")
     p.add_argument("--backend", default="CPU", help="test-backend-ops' backend name: CPU, CUDA0")
     p.add_argument("--types", default="Q4_0,Q8_0,Q4_K,Q6_K,IQ4_XS")
     p.add_argument("--tokens", default="1,8,512")
@@ -85,7 +86,8 @@ def main():
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--graph", type=int, default=16, help="our products per graph (2 from 64 tokens)")
     args = p.parse_args()
-    require_executable(p, args.ggml_bin, "--ggml-bin")
+    if not args.ours_only:
+        require_executable(p, args.ggml_bin, "--ggml-bin")
     types, tokens = args.types.split(","), [int(v) for v in args.tokens.split(",")]
     case = tuple(int(v) for v in args.case.split(","))
     if len(case) != 4 or any(t not in GGML_SPELLING for t in types):
@@ -96,19 +98,20 @@ def main():
                    for t in types for n in tokens}
     samples = {key: {"ggml": [], "ours": []} for key in ours_inputs}
     for r in range(args.rounds):
-        theirs = ggml_run(args.ggml_bin, args.backend, types, tokens, case)
+        theirs = {} if args.ours_only else ggml_run(args.ggml_bin, args.backend, types, tokens, case)
         for key, (weights, inputs) in ours_inputs.items():
-            samples[key]["ggml"].append(theirs[key])
+            samples[key]["ggml"].append(theirs.get(key))
             samples[key]["ours"].append(our_us(weights, inputs))
             emit({"bench": "mul_mat_id_vs_ggml_round", "round": r, "type": key[0], "tokens": key[1],
                   "ggml_us": samples[key]["ggml"][-1], "ours_us": samples[key]["ours"][-1]})
     experts, used, m, k = case
     for (t, n), s in samples.items():
-        g, o = statistics.median(s["ggml"]), statistics.median(s["ours"])
+        o = statistics.median(s["ours"])
+        g = None if args.ours_only else statistics.median(s["ggml"])
         emit({"bench": "mul_mat_id_vs_ggml", "type": t, "experts": experts, "used": used, "m": m, "k": k,
               "tokens": n, "device": device_name(), "ggml_backend": args.backend, "ggml": args.label,
               "ours_threads": num_threads(), "rounds": args.rounds, "ggml_us": g, "ours_us": o,
-              "ggml_over_ours": g / o, "ours_gflops": 2 * n * used * m * k / o / 1e3})
+              "ggml_over_ours": None if g is None else g / o, "ours_gflops": 2 * n * used * m * k / o / 1e3})
 
 
 if __name__ == "__main__":
