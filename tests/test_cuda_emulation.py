@@ -10,6 +10,7 @@ the tensor cores' rounding); GPU-specific numerics (sincosf, NaN payloads) are n
 """
 
 import ctypes
+import functools
 import os
 import shutil
 import subprocess
@@ -95,6 +96,12 @@ class MulMatIdArgs(ctypes.Structure):
 
 @pytest.fixture(scope="module")
 def kernels(tmp_path_factory):
+    """The emulated kernels, compiled once per session (test_cuda_emulation_attention.py shares them)."""
+    return compiled_kernels(tmp_path_factory)
+
+
+@functools.lru_cache(maxsize=None)
+def compiled_kernels(tmp_path_factory):
     out = tmp_path_factory.mktemp("cuda_emulation")
     sources = sorted((ROOT / "kernels/cuda").glob("*.cu")) + [ROOT / "tests/cuda_emulation/emulated_launch.cpp"]
 
