@@ -80,8 +80,9 @@ def check(got, expected, ftype):
 CASES = {  # name: (B, Hq, Hk, Tq, Tk, D, Dv, step)
     "decode_gqa": (1, 4, 2, 1, 600, 64, 64, 1),
     "decode_few_queries": (2, 4, 1, 3, 300, 32, 32, 1),
-    "prefill": (1, 4, 2, 19, 23, 40, 40, 1),
+    "prefill": (1, 4, 2, 40, 45, 40, 40, 1),          # two blocks of query positions, the second partial
     "odd_dims_strided": (1, 3, 1, 5, 37, 18, 10, 2),
+    "many_heads_wide": (1, 20, 1, 2, 40, 260, 16, 1),  # D > 256: 16 rows a block, the group in two head chunks
 }
 
 
@@ -114,6 +115,10 @@ def test_attention_matches_float64(kernels, case, ftype, variant):
     if tk >= 300:
         assert tiling.splits > 1, "decode over a long cache splits the keys between blocks"
     assert tiling.k_vectors == (step == 1 and d % 4 == 0)
+    if case == "many_heads_wide":
+        assert tiling.head_chunks == 2
+    if case == "prefill":
+        assert tiling.queries_per_block < tq
     check(y, expected, ftype)
 
 

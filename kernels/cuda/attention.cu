@@ -386,18 +386,20 @@ AttentionPlan attention_plan_typed(AttentionArgs& a) {
   t.queries_per_block = static_cast<int>(a.q_len < queries ? (a.q_len > 0 ? a.q_len : 1) : queries);
   t.head_chunks = static_cast<int>((group + t.heads_per_block - 1) / t.heads_per_block);
   const int rows = t.heads_per_block * t.queries_per_block;
-  // Few rows (decode): long key tiles keep every lane of the score step busy.
+  // Few rows (decode): long key tiles keep every lane of the score step busy; the staged keys stay within about
+  // 40 KB, so that several blocks share a multiprocessor and hide each other's loads.
   t.key_tile = rows <= 8 ? 128 : rows <= 16 ? 64 : 32;
+  while (t.key_tile > 32 && t.key_tile * row_stride(a.head_dim) * 4 > 40 * 1024) t.key_tile /= 2;
   auto shared_bytes = [&] { return 4 * SharedLayout{rows, t.key_tile, row_stride(a.head_dim)}.floats(); };
-  while (t.key_tile > 32 && shared_bytes() > 100 * 1024) t.key_tile /= 2;
-  // Split the keys until the GPU has a few blocks per multiprocessor (each split at least one key tile).
+  // Split the keys until the GPU has about three blocks per multiprocessor, each split at least two key tiles
+  // (a split's fixed costs: its queries, its partial results).
   const int64_t q_chunks = (a.q_len + t.queries_per_block - 1) / t.queries_per_block;
   const int64_t blocks = a.batch * a.kv_heads * t.head_chunks * q_chunks;
   const int sms = multiprocessor_count();
-  const int64_t target = 4 * static_cast<int64_t>(sms > 0 ? sms : 132);
+  const int64_t target = 3 * static_cast<int64_t>(sms > 0 ? sms : 132);
   const int64_t tiles = (a.kv_len + t.key_tile - 1) / t.key_tile;
   int64_t splits = blocks >= target ? 1 : (target + blocks - 1) / blocks;
-  if (splits > tiles) splits = tiles > 0 ? tiles : 1;
+  if (splits > tiles / 2) splits = tiles / 2 > 0 ? tiles / 2 : 1;
   const int64_t tiles_per_split = (tiles + splits - 1) / splits;
   t.keys_per_split = (tiles_per_split > 0 ? tiles_per_split : 1) * t.key_tile;
   t.splits = static_cast<int>(splits > 1 ? (a.kv_len + t.keys_per_split - 1) / t.keys_per_split : 1);
