@@ -105,7 +105,7 @@ mx::array composed_attention(const std::vector<mx::array>& in, float scale, floa
 
 // The composed function of the inputs named by argnums, the others held fixed.
 std::function<std::vector<mx::array>(const std::vector<mx::array>&)> of_argnums(
-    const std::vector<mx::array>& primals, const std::vector<int>& argnums, const Attention& op) {
+    const std::vector<mx::array>& primals, const std::vector<int>& argnums, Attention& op) {
   return [=, scale = op.scale(), softcap = op.softcap(), causal = op.causal(), sinks = op.has_sinks(),
           s = op.stream()](const std::vector<mx::array>& args) {
     auto in = primals;

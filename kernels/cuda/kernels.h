@@ -157,15 +157,8 @@ struct AttentionArgs {
   int64_t v_strides[4];
   int64_t mask_strides[4];
   int64_t sinks_batch_stride;
-  int64_t batch;
-  int64_t q_heads;
-  int64_t kv_heads;
-  int64_t q_len;
-  int64_t kv_len;
-  int64_t head_dim;
-  int64_t v_dim;
-  float scale;
-  float softcap;  // 0: none
+  int64_t batch, q_heads, kv_heads, q_len, kv_len, head_dim, v_dim;  // the extents named above
+  float scale, softcap;  // softcap 0: none
   bool causal;
   // How the work is cut, written by attention_plan (the kernels read it).
   struct Tiling {
