@@ -10,7 +10,6 @@ the tensor cores' rounding); GPU-specific numerics (sincosf, NaN payloads) are n
 """
 
 import ctypes
-import functools
 import os
 import shutil
 import subprocess
@@ -97,12 +96,15 @@ class MulMatIdArgs(ctypes.Structure):
 @pytest.fixture(scope="module")
 def kernels(tmp_path_factory):
     """The emulated kernels, compiled once per session (test_cuda_emulation_attention.py shares them)."""
-    return compiled_kernels(tmp_path_factory)
+    if "library" not in _COMPILED:
+        _COMPILED["library"] = compiled_kernels(tmp_path_factory.mktemp("cuda_emulation"))
+    return _COMPILED["library"]
 
 
-@functools.lru_cache(maxsize=None)
-def compiled_kernels(tmp_path_factory):
-    out = tmp_path_factory.mktemp("cuda_emulation")
+_COMPILED = {}  # the session's one compiled library
+
+
+def compiled_kernels(out):
     sources = sorted((ROOT / "kernels/cuda").glob("*.cu")) + [ROOT / "tests/cuda_emulation/emulated_launch.cpp"]
 
     def compile_unit(source):
