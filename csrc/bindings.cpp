@@ -145,7 +145,7 @@ NB_MODULE(_ext, m) {
   m.def("attention",
         [](const mx::array& q, const mx::array& k, const mx::array& v,
            const std::optional<std::variant<mx::array, std::string>>& mask, float scale, float softcap,
-           mx::StreamOrDevice s) {
+           const std::optional<mx::array>& sinks, mx::StreamOrDevice s) {
           std::optional<mx::array> mask_array;
           bool causal = false;
           if (mask) {
@@ -158,10 +158,10 @@ NB_MODULE(_ext, m) {
               mask_array = std::get<mx::array>(*mask);
             }
           }
-          return attention(q, k, v, mask_array, causal, scale, softcap, s);
+          return attention(q, k, v, mask_array, causal, scale, softcap, sinks, s);
         },
         "q"_a, "k"_a, "v"_a, "mask"_a = nb::none(), nb::kw_only(), "scale"_a, "softcap"_a = 0.0f,
-        "stream"_a = nb::none(),
+        "sinks"_a = nb::none(), "stream"_a = nb::none(),
         "ggml's flash_attn_ext in mlx-lm's layout: q (B, Hq, Tq, D), k (B, Hk, Tk, D), v (B, Hk, Tk, Dv).");
 
   // Runtime configuration and introspection

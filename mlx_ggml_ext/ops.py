@@ -218,28 +218,32 @@ def glu(gate: mx.array, up: Optional[mx.array] = None, kind: str = "swiglu", *, 
 
 
 def attention(q: mx.array, k: mx.array, v: mx.array, mask: Union[mx.array, str, None] = None, *, scale: float,
-              softcap: float = 0.0, stream: Stream = None) -> mx.array:
-    """ggml's ``flash_attn_ext`` in mlx-lm's layout, a drop-in for ``mx.fast.scaled_dot_product_attention`` on
-    the CPU.
+              softcap: float = 0.0, sinks: Optional[mx.array] = None, stream: Stream = None) -> mx.array:
+    """ggml's ``flash_attn_ext`` in mlx-lm's layout, a drop-in for ``mx.fast.scaled_dot_product_attention``.
 
     ``q (B, Hq, Tq, D)``, ``k (B, Hk, Tk, D)``, ``v (B, Hk, Tk, Dv)`` with Hq a multiple of Hk (grouped-query
     attention: query head h uses kv head ``h // (Hq // Hk)``); float32/float16/bfloat16 (promoted to one
     dtype), float32 accumulation. Per head: ``softmax(s + mask) @ v`` with ``s = scale * q @ k.T``, or
     ``softcap * tanh(s / softcap)`` when ``softcap > 0`` (Gemma 2's logit softcapping). ``mask``: None; an
     additive float array broadcastable to ``(B, Hq, Tq, Tk)`` (-inf allowed), or a bool one (True keeps);
-    or ``"causal"``: query i sees keys ``j <= i + Tk - Tq`` (a KV cache's new queries come last). A query that
-    sees no key gets zeros (as ggml; MLX's gives NaN). Output ``(B, Hq, Tq, Dv)``. CPU only (flash-style,
-    threaded, SIMD); on a GPU stream it raises NotImplementedError: use mx.fast.scaled_dot_product_attention
-    there. Differentiable in q, k, v and the mask (the backward pass is MLX's composed ops: correct, not
+    or ``"causal"``: query i sees keys ``j <= i + Tk - Tq`` (a KV cache's new queries come last). ``sinks``:
+    None or a float array ``(Hq,)`` of per-head logits that join each row's softmax denominator only
+    (gpt-oss's attention sinks, as ggml's ``ggml_flash_attn_ext_add_sinks`` and MLX's ``sinks=``): the row's
+    max is taken over its scores and the sink, and ``exp(sink - max)`` is added to the sum. A query that sees
+    no key gets zeros (as ggml; MLX's gives NaN), with or without a sink. Output ``(B, Hq, Tq, Dv)``.
+    CPU (flash-style, threaded, SIMD) and CUDA (flash-style, head dims up to 512); on Metal it raises
+    NotImplementedError (no Metal kernel yet: use mx.fast.scaled_dot_product_attention there).
+    Differentiable in q, k, v, the mask and the sinks (the backward pass is MLX's composed ops: correct, not
     fast); supports vmap and mx.compile.
     """
     for name, a in (("q", q), ("k", k), ("v", v)):
         _require_array(name, a)
+    _require_array("sinks", sinks, optional=True)
     if not (mask is None or isinstance(mask, (mx.array, str))):
         raise TypeError(f"mask must be an mlx.core.array, 'causal' or None, got {type(mask).__name__}")
     _require_float("scale", scale)
     _require_float("softcap", softcap)
-    return _ext.attention(q, k, v, mask, scale=float(scale), softcap=float(softcap), stream=stream)
+    return _ext.attention(q, k, v, mask, scale=float(scale), softcap=float(softcap), sinks=sinks, stream=stream)
 
 
 __all__ += ["glu", "attention"]

@@ -5,21 +5,24 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlx_ggml_ext import ops
+from mlx_ggml_ext import _ext, ops
 from harness import DTYPES, random_array, to_numpy
 
-# The op is CPU-only by design (on a GPU, mx.fast.scaled_dot_product_attention): every test runs it on the CPU
-# stream, also when the suite's device is the GPU.
+# The op runs on the suite's device (CPU or CUDA); Metal has no kernel for it, so there the tests take the CPU.
+STREAM = mx.cpu if mx.default_device() == mx.gpu and _ext.gpu_backend() == "metal" else None
+
+
 def attend(*args, **kwargs):
-    return ops.attention(*args, stream=mx.cpu, **kwargs)
+    return ops.attention(*args, stream=STREAM, **kwargs)
 
 
 # Relative to the largest output: float32 accumulation, or one rounding of each 16-bit input and the output.
 TOL = {mx.float32: 1e-5, mx.float16: 2e-3, mx.bfloat16: 1.6e-2}
 
 
-def reference(q, k, v, mask=None, scale=1.0, softcap=0.0, causal=False):
-    """float64 attention from the definition; a row that sees no key gives zeros (ggml's convention)."""
+def reference(q, k, v, mask=None, scale=1.0, softcap=0.0, causal=False, sinks=None):
+    """float64 attention from the definition; a row that sees no key gives zeros (ggml's convention). A sink
+    (one logit per query head) is one more score per row that has no value: it joins the max and the sum."""
     hq, hk = q.shape[1], k.shape[1]
     k = np.repeat(k, hq // hk, axis=1)
     v = np.repeat(v, hq // hk, axis=1)
@@ -32,10 +35,14 @@ def reference(q, k, v, mask=None, scale=1.0, softcap=0.0, causal=False):
         tq, tk = q.shape[2], k.shape[2]
         visible = np.arange(tk)[None, :] <= np.arange(tq)[:, None] + (tk - tq)
         s = np.where(visible, s, -np.inf)
+    if sinks is not None:
+        column = np.broadcast_to(np.asarray(sinks, np.float64)[None, :, None, None], s.shape[:3] + (1,))
+        s = np.concatenate([s, column], axis=-1)
     m = np.max(s, axis=-1, keepdims=True)
     m = np.where(np.isfinite(m), m, 0.0)
     e = np.exp(s - m)
     l = np.sum(e, axis=-1, keepdims=True)
+    e = e[..., :k.shape[2]]
     return np.einsum("bhij,bhjd->bhid", e, v) / np.where(l == 0, 1.0, l)
 
 
@@ -189,6 +196,66 @@ def test_kv_cache_slices_and_strided_rows(dtype):
           reference(to_numpy(q2), to_numpy(k2), to_numpy(v2), scale=0.3, causal=True), dtype)
 
 
+# ----------------------------------------------------------------------------- attention sinks
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("tq, tk, mask", [(1, 1100, None), (13, 13, "causal"), (5, 40, "additive")], ids=str)
+def test_sinks(dtype, tq, tk, mask):
+    """Per-head sinks join each row's softmax denominator (decode with split keys, prefill, an additive mask with
+    a fully masked row); also against MLX's own sinks= on the CPU."""
+    rng = np.random.default_rng(tq + tk)
+    q, k, v = qkv(rng, 1, 4, 2, tq, tk, 64, dtype)
+    sinks = rng.standard_normal(4).astype(np.float32) * 2
+    sinks[1] = 10.0  # above every score: the sink dominates the head's denominator
+    m = None
+    if mask == "additive":
+        m = rng.standard_normal((tq, tk)).astype(np.float32)
+        m[2] = -np.inf
+    y = attend(q, k, v, mx.array(m) if m is not None else mask, scale=0.125, sinks=mx.array(sinks))
+    expected = reference(to_numpy(q), to_numpy(k), to_numpy(v), mask=m, scale=0.125, causal=mask == "causal",
+                         sinks=sinks)
+    check(y, expected, dtype)
+    if dtype == mx.float32 and mask != "additive":  # MLX gives NaN where a row sees no key
+        theirs = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125, mask=mask, sinks=mx.array(sinks),
+                                                      stream=mx.cpu)
+        np.testing.assert_allclose(np.array(y), np.array(theirs), rtol=1e-4, atol=1e-5)
+
+
+def test_sinks_gradient_and_vmap():
+    rng = np.random.default_rng(15)
+    q, k, v = (mx.array(rng.standard_normal(s).astype(np.float32)) for s in [(1, 2, 3, 4), (1, 1, 5, 4), (1, 1, 5, 4)])
+    sinks = mx.array(np.array([0.3, -0.7], np.float32))
+    c = rng.standard_normal((1, 2, 3, 4))
+    f = lambda a, sk: np.sum(reference(a, to_numpy(k), to_numpy(v), scale=0.5, causal=True, sinks=sk) * c)
+    grads = mx.grad(lambda a, sk: mx.sum(attend(a, k, v, "causal", scale=0.5, sinks=sk) * mx.array(c.astype(np.float32))),
+                    argnums=(0, 1))(q, sinks)
+    base = [to_numpy(q), to_numpy(sinks)]
+    h = 1e-6
+    for i, g in enumerate(grads):
+        fd = np.zeros_like(base[i])
+        for idx in np.ndindex(*base[i].shape):
+            plus, minus = [x.copy() for x in base], [x.copy() for x in base]
+            plus[i][idx] += h
+            minus[i][idx] -= h
+            fd[idx] = (f(*plus) - f(*minus)) / (2 * h)
+        np.testing.assert_allclose(np.array(g), fd, rtol=1e-3, atol=1e-4)
+    many = mx.array(rng.standard_normal((3, 2)).astype(np.float32))  # vmapped sinks: per-batch in the kernel
+    y = mx.vmap(lambda sk: attend(q, k, v, scale=0.5, sinks=sk))(many)
+    expected = np.stack([reference(to_numpy(q), to_numpy(k), to_numpy(v), scale=0.5, sinks=to_numpy(many)[i])
+                         for i in range(3)])
+    check(y, expected, mx.float32)
+
+
+def test_bad_sinks():
+    q = k = v = mx.ones((1, 2, 3, 8))
+    with pytest.raises(ValueError, match=r"sinks must have shape \(Hq,\) = \(2,\).*\(1, 2\)"):
+        attend(q, k, v, scale=1.0, sinks=mx.zeros((1, 2)))
+    with pytest.raises(TypeError, match=r"sinks must be float32.*int32"):
+        attend(q, k, v, scale=1.0, sinks=mx.zeros((2,), dtype=mx.int32))
+    with pytest.raises(TypeError, match=r"sinks must be an mlx.core.array, got list"):
+        attend(q, k, v, scale=1.0, sinks=[0.0, 0.0])
+
+
 # ----------------------------------------------------------------------------- transformations
 
 def composed(q, k, v, mask, scale, softcap=0.0):
@@ -291,10 +358,14 @@ def test_bad_masks():
         attend(mx.ones((1, 2, 3, 8), dtype=mx.int32), k, v, scale=1.0)
 
 
-def test_gpu_stream_points_to_mlx_fast():
-    """Where MLX has a GPU, the op refuses a GPU stream naming the alternative; where it has none, MLX itself
-    refuses to make a GPU stream."""
-    has_gpu = mx.metal.is_available() or mx.cuda.is_available()
-    exc, match = (NotImplementedError, "mx.fast.scaled_dot_product_attention") if has_gpu else (ValueError, "gpu")
+def test_gpu_stream():
+    """CUDA runs the op; Metal refuses it naming the alternative; where MLX has no GPU, MLX itself refuses to make
+    a GPU stream."""
+    q = k = v = mx.ones((1, 1, 2, 4))
+    if mx.cuda.is_available():
+        check(ops.attention(q, k, v, scale=1.0, stream=mx.gpu), np.ones((1, 1, 2, 4)), mx.float32)
+        return
+    exc, match = (NotImplementedError, "Metal.*mx.fast.scaled_dot_product_attention") if mx.metal.is_available() \
+        else (ValueError, "gpu")
     with pytest.raises(exc, match=match):
-        ops.attention(mx.ones((1, 1, 2, 4)), mx.ones((1, 1, 2, 4)), mx.ones((1, 1, 2, 4)), scale=1.0, stream=mx.gpu)
+        ops.attention(q, k, v, scale=1.0, stream=mx.gpu)

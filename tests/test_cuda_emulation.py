@@ -95,7 +95,16 @@ class MulMatIdArgs(ctypes.Structure):
 
 @pytest.fixture(scope="module")
 def kernels(tmp_path_factory):
-    out = tmp_path_factory.mktemp("cuda_emulation")
+    """The emulated kernels, compiled once per session (test_cuda_emulation_attention.py shares them)."""
+    if "library" not in _COMPILED:
+        _COMPILED["library"] = compiled_kernels(tmp_path_factory.mktemp("cuda_emulation"))
+    return _COMPILED["library"]
+
+
+_COMPILED = {}  # the session's one compiled library
+
+
+def compiled_kernels(out):
     sources = sorted((ROOT / "kernels/cuda").glob("*.cu")) + [ROOT / "tests/cuda_emulation/emulated_launch.cpp"]
 
     def compile_unit(source):
@@ -111,6 +120,8 @@ def kernels(tmp_path_factory):
     subprocess.run([CXX, "-shared", *EMU_FLAGS, *objects, "-o", str(lib)], check=True)
     kernels = ctypes.CDLL(str(lib))
     kernels.emulated_selftest.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]  # pointers as addresses
+    # A call with an argument too few would read garbage for it: ctypes counts them where argtypes are declared.
+    kernels.emulated_quantized_matmul.argtypes = [QuantizedMatmulArgs] + [ctypes.c_int] * 4
     return kernels
 
 
@@ -429,7 +440,7 @@ def decode_case(kernels, t, x_type, m, k, n=40, batch=(1, 1), w_batch=(1, 1), ou
     y = np.zeros((b3 * b2, m, n), NP_TYPES[out_type])
     args = QuantizedMatmulArgs(ptr(x), ptr(w), ptr(y), None, m, n, k, w.shape[-1], b3 * b2, b2, a2, b2 // a2,
                                b3 // a3, out_f32)
-    assert kernels.emulated_quantized_matmul(args, int(t), x_type, 0) == 0
+    assert kernels.emulated_quantized_matmul(args, int(t), x_type, 0, 0) == 0
     xs = loaded(x, x_type)
     exact, theirs = np.empty(y.shape), np.empty(y.shape)
     for z in range(b3 * b2):

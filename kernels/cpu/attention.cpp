@@ -97,6 +97,7 @@ class Item {
   }
 
   int64_t rows() const { return rows_; }
+  int64_t batch() const { return b_; }
   // Row r is query position i0 + r % nq of query head kvh * n_rep + r / nq.
   int64_t head(int64_t r) const { return kvh_ * p_.n_rep + r / nq_; }
   int64_t position(int64_t r) const { return i0_ + r % nq_; }
@@ -299,11 +300,24 @@ class Item {
   const T* v_ = nullptr;
 };
 
-// y = O / l, zeros for a row that saw no key.
+// y = O / l, zeros for a row that saw no key; a sink's exp(sink - m) joins l (the max m taken over it too:
+// when the sink exceeds m, O and l are rescaled by exp(m - sink), which is 0 for a row that saw no key).
 template <class Fmt>
-void store_row(const float* o, float l, int64_t dim, typename Fmt::T* y) {
-  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+void store_row(const float* o, float m, float l, float sink, int64_t dim, typename Fmt::T* y) {
+  float inv = l > 0.0f ? 1.0f / l : 0.0f;
+  if (sink != kNegInf) {
+    if (sink > m) {
+      const float shrink = std::exp(m - sink);
+      inv = shrink / (l * shrink + 1.0f);
+    } else {
+      inv = 1.0f / (l + std::exp(sink - m));
+    }
+  }
   for (int64_t d = 0; d < dim; ++d) y[d] = Fmt::from_f32(o[d] * inv);
+}
+
+float sink_of(const AttentionArgs& a, int64_t b, int64_t h) {
+  return a.sinks ? a.sinks[b * a.sinks_batch_stride + h] : kNegInf;
 }
 
 template <class Fmt>
@@ -326,7 +340,8 @@ void attention_typed(const AttentionArgs& a) {
       for (int64_t r = 0; r < item.rows(); ++r) {
         const float* o = scratch.o.data() + r * vd_pad;
         if (p.splits == 1) {
-          store_row<Fmt>(o, scratch.l[r], a.v_dim, y + item.out_row(r) * a.v_dim);
+          store_row<Fmt>(o, scratch.m[r], scratch.l[r], sink_of(a, item.batch(), item.head(r)), a.v_dim,
+                         y + item.out_row(r) * a.v_dim);
         } else {
           float* dst = partials.data() + it * partial_size + r * (2 + vd_pad);
           dst[0] = scratch.m[r];
@@ -358,7 +373,8 @@ void attention_typed(const AttentionArgs& a) {
             for (int64_t d = 0; d < a.v_dim; ++d) o[d] += src[2 + d] * f;
           }
         }
-        store_row<Fmt>(o.data(), l, a.v_dim, y + item.out_row(r) * a.v_dim);
+        store_row<Fmt>(o.data(), m, l, sink_of(a, item.batch(), item.head(r)), a.v_dim,
+                       y + item.out_row(r) * a.v_dim);
       }
     }
   });

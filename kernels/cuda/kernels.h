@@ -141,4 +141,46 @@ struct MulMatIdPlan {
 };
 MulMatIdPlan mul_mat_id_plan(const MulMatIdArgs& args, int ggml_type, FloatType x_type, bool transpose);
 
+// ggml's flash_attn_ext (the same meaning as ggml_ext::cpu::AttentionArgs, sinks included) on
+// q (batch, q_heads, q_len, head_dim), k (batch, kv_heads, kv_len, head_dim), v (batch, kv_heads, kv_len, v_dim),
+// each read through its four strides (elements: batch, head, token, element); y (batch, q_heads, q_len, v_dim)
+// row-major. head_dim and v_dim at most kAttentionMaxHeadDim.
+struct AttentionArgs {
+  const void* q;
+  const void* k;
+  const void* v;
+  void* y;
+  const float* mask;   // additive, element [b, h, i, j] at the dot product with mask_strides (0: broadcast), or null
+  const float* sinks;  // per query head, element [b, h] at b * sinks_batch_stride + h, or null
+  void* workspace;     // AttentionPlan::workspace_bytes of device scratch (set by the caller), or null
+  int64_t q_strides[4];
+  int64_t k_strides[4];
+  int64_t v_strides[4];
+  int64_t mask_strides[4];
+  int64_t sinks_batch_stride;
+  int64_t batch, q_heads, kv_heads, q_len, kv_len, head_dim, v_dim;  // the extents named above
+  float scale, softcap;  // softcap 0: none
+  bool causal;
+  // How the work is cut, written by attention_plan (the kernels read it).
+  struct Tiling {
+    int heads_per_block;    // query heads of one kv head's group per block
+    int queries_per_block;  // query positions per block
+    int head_chunks;        // ceil(group / heads_per_block)
+    int key_tile;           // keys per step (32, 64 or 128)
+    int splits;             // key ranges per (batch, kv head, rows); > 1: partial results, then a combine
+    int64_t keys_per_split;
+    bool k_vectors, v_vectors;  // 4-element vector loads of k / v rows allowed (unit element stride, aligned)
+  } tiling;
+};
+constexpr int kAttentionMaxHeadDim = 512;
+// What to run, in order on one stream, each step with args, after the caller has pointed args.workspace at
+// workspace_bytes of device memory: the attention (step 0), and when the keys are split, the combine of the
+// splits' partial results (step 1). Fills args.tiling.
+struct AttentionPlan {
+  static constexpr int kMaxSteps = 2;
+  KernelLaunch steps[kMaxSteps];
+  int64_t workspace_bytes = 0;
+};
+AttentionPlan attention_plan(AttentionArgs& args, FloatType type);
+
 }  // namespace ggml_ext::cuda

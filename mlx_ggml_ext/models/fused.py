@@ -2,15 +2,15 @@
 
 On the CPU, MLX's own attention (mx.fast.scaled_dot_product_attention falls back to single-threaded matmuls there)
 and the feed-forward's activation (several single-threaded elementwise passes) took most of a prefill's time;
-`ops.attention` and `ops.glu` do the same math in one threaded SIMD kernel each. Elsewhere the model keeps MLX's
-ops: ops.attention has no GPU kernel, and neither op has a Metal kernel.
+`ops.attention` and `ops.glu` do the same math in one threaded SIMD kernel each. On a GPU the model keeps MLX's
+attention (mx.fast.scaled_dot_product_attention, tensor-core kernels; ops.attention's CUDA kernel is not used by
+the models yet), and on Metal MLX's activations too (neither op has a Metal kernel).
 
 - The feed-forward: each layer's `mlp` is replaced by a `GatedMLP` holding the same projection layers (gate and up
   stacked into one product where they share a block type: models/projections.py, as are q/k/v); a mixture of
   experts' `switch_mlp` by a `GGMLSwitchGLU` over its expert layers.
-- gpt-oss keeps mlx-lm's SwitchGLU (over GGMLSwitchLinear experts) for its clamped SwiGLU variant, and its
-  attention keeps MLX's: it passes attention sinks, which ops.attention does not take, so `_dispatching_attention`
-  hands every call with sinks to mlx-lm's function.
+- gpt-oss keeps mlx-lm's SwitchGLU (over GGMLSwitchLinear experts) for its clamped SwiGLU variant; its attention
+  sinks go to ops.attention's `sinks=` on the CPU.
 - Attention: mlx-lm's attention modules call the `scaled_dot_product_attention` of their own module. That name is
   pointed at `_dispatching_attention`, which takes the package's kernel only while one of *our* models is being
   called (a thread-local flag set by `FusedOpsModel.__call__`) and otherwise is exactly mlx-lm's function, so
@@ -44,8 +44,8 @@ def _glu_has_kernel() -> bool:
 
 
 def _dispatching_attention(queries, keys, values, cache, scale: float, mask, sinks=None):
-    if getattr(_active, "on", False) and _on_cpu() and sinks is None and not hasattr(cache, "bits"):
-        return ops.attention(queries, keys, values, mask, scale=scale)
+    if getattr(_active, "on", False) and _on_cpu() and not hasattr(cache, "bits"):
+        return ops.attention(queries, keys, values, mask, scale=scale, sinks=sinks)
     return _mlx_lm_attention(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
 
 

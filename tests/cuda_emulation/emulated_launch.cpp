@@ -265,6 +265,19 @@ void ggml_ext_emulated_mma_s8_16x8x32(int (&d)[4], const uint32_t (&a)[4], const
 
 namespace kc = ggml_ext::cuda;
 
+// Runs a plan's steps in order with one workspace (filled with garbage, as on a GPU).
+template <typename Plan, typename Args>
+int run_plan(const Plan& plan, Args& args) {
+  if (!plan.steps[0].kernel) return 1;
+  std::vector<unsigned char> workspace(plan.workspace_bytes + 16, 0xA5);
+  args.workspace = plan.workspace_bytes ? workspace.data() : nullptr;
+  for (const auto& step : plan.steps) {
+    if (!step.kernel) break;
+    if (const int err = run(step, args)) return err;
+  }
+  return 0;
+}
+
 extern "C" {
 
 int emulated_rms_norm(kc::RmsNormArgs args, int type) {
@@ -285,28 +298,18 @@ int emulated_dequantize(kc::DequantizeArgs args, int ggml_type, int out_type) {
 }
 
 int emulated_mul_mat_id(kc::MulMatIdArgs args, int ggml_type, int x_type, int transpose) {
-  const kc::MulMatIdPlan plan =
-      kc::mul_mat_id_plan(args, ggml_type, static_cast<kc::FloatType>(x_type), transpose != 0);
-  if (!plan.steps[0].kernel) return 1;
-  std::vector<unsigned char> workspace(plan.workspace_bytes + 16, 0xA5);  // garbage, as on a GPU
-  args.workspace = plan.workspace_bytes ? workspace.data() : nullptr;
-  for (int i = 0; i < plan.kMaxSteps && plan.steps[i].kernel; ++i) {
-    if (const int err = run(plan.steps[i], args)) return err;
-  }
-  return 0;
+  return run_plan(kc::mul_mat_id_plan(args, ggml_type, static_cast<kc::FloatType>(x_type), transpose != 0), args);
 }
 
 int emulated_quantized_matmul(kc::QuantizedMatmulArgs args, int ggml_type, int x_type, int transpose, int float_x) {
-  const kc::QuantizedMatmulPlan plan =
-      kc::quantized_matmul_plan(args, ggml_type, static_cast<kc::FloatType>(x_type), transpose != 0, float_x != 0);
-  if (!plan.steps[0].kernel) return 1;
-  std::vector<unsigned char> workspace(plan.workspace_bytes + 16, 0xA5);  // garbage, as on a GPU
-  args.workspace = plan.workspace_bytes ? workspace.data() : nullptr;
-  for (const auto& step : plan.steps) {
-    if (!step.kernel) break;
-    if (const int err = run(step, args)) return err;
-  }
-  return 0;
+  return run_plan(
+      kc::quantized_matmul_plan(args, ggml_type, static_cast<kc::FloatType>(x_type), transpose != 0, float_x != 0),
+      args);
+}
+
+// The plan's tiling is left in *args for the test to see (how many key splits, which loads).
+int emulated_attention(kc::AttentionArgs* args, int type) {
+  return run_plan(kc::attention_plan(*args, static_cast<kc::FloatType>(type)), *args);
 }
 
 }  // extern "C"

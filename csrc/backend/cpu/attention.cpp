@@ -23,7 +23,7 @@ Operand operand(const mx::array& a, mx::cpu::CommandEncoder& enc) {
 }  // namespace
 
 void Attention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
-  const auto &q = inputs[0], &k = inputs[1], &v = inputs[2];  // the mask (if any) is row-contiguous
+  const auto &q = inputs[0], &k = inputs[1], &v = inputs[2];  // the mask and sinks (if any) are row-contiguous
   out.set_data(mx::allocator::malloc(out.nbytes()));
   if (out.size() == 0) return;
   auto& enc = mx::cpu::get_command_encoder(stream());
@@ -40,26 +40,10 @@ void Attention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
     args.v_strides[i] = ov.strides[i];
   }
   args.y = out.data<void>();
-  if (inputs.size() > 3) {
-    const auto& mask = inputs[3];
-    args.mask = mask.data<float>();
-    int64_t stride = 1;
-    for (int ax = 3; ax >= 0; --ax) {  // a broadcast (size-1) axis steps by 0
-      args.mask_strides[ax] = mask.shape(ax) == 1 ? 0 : stride;
-      stride *= mask.shape(ax);
-    }
-  }
+  describe(inputs, args);
+  if (const int i = mask_index(inputs); i >= 0) args.mask = inputs[i].data<float>();
+  if (const int i = sinks_index(inputs); i >= 0) args.sinks = inputs[i].data<float>();
   args.type = float_type(out.dtype());
-  args.batch = q.shape(0);
-  args.q_heads = q.shape(1);
-  args.kv_heads = k.shape(1);
-  args.q_len = q.shape(2);
-  args.kv_len = k.shape(2);
-  args.head_dim = q.shape(3);
-  args.v_dim = v.shape(3);
-  args.scale = scale_;
-  args.softcap = softcap_;
-  args.causal = causal_;
   enc.dispatch([args, q, k, v] { ggml_ext::cpu::attention(args); });
 }
 

@@ -1,5 +1,5 @@
-// CUDA eval_gpu of the fused ops: GLU through kernels/cuda/glu.cu; attention has no CUDA kernel (the op
-// refuses the GPU when the graph is built, pointing to mx.fast.scaled_dot_product_attention).
+// CUDA eval_gpu of the fused ops: GLU through kernels/cuda/glu.cu, attention through kernels/cuda/attention.cu
+// (one kernel node, or two when the keys are split: the splits' partial results, then their combine).
 #include "csrc/attention.h"
 #include "csrc/backend/cuda/launch.h"
 #include "csrc/glu.h"
@@ -21,6 +21,42 @@ void GLU::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
   cuda::launch(enc, kc::glu_launch(args, float_type(out.dtype()), static_cast<int>(kind_)), args);
 }
 
-MLX_GGML_EXT_NO_GPU_KERNEL(Attention)
+void Attention::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  // q, k and v are read through their strides (a KV cache's slice in place); the mask and sinks row-contiguous.
+  const auto &q = inputs[0], &k = inputs[1], &v = inputs[2];
+  auto& enc = cuda::begin(stream(), inputs, out);
+  if (out.size() == 0) return;
+  kc::AttentionArgs args{};
+  args.q = mx::gpu_ptr<void>(q);
+  args.k = mx::gpu_ptr<void>(k);
+  args.v = mx::gpu_ptr<void>(v);
+  args.y = mx::gpu_ptr<void>(out);
+  for (int ax = 0; ax < 4; ++ax) {
+    args.q_strides[ax] = q.strides()[ax];
+    args.k_strides[ax] = k.strides()[ax];
+    args.v_strides[ax] = v.strides()[ax];
+  }
+  describe(inputs, args);
+  if (const int i = mask_index(inputs); i >= 0) args.mask = mx::gpu_ptr<float>(inputs[i]);
+  if (const int i = sinks_index(inputs); i >= 0) args.sinks = mx::gpu_ptr<float>(inputs[i]);
+  const auto plan = kc::attention_plan(args, float_type(out.dtype()));
+  if (!plan.steps[0].kernel) {
+    throw std::invalid_argument(cat("[attention] no CUDA kernel for q ", shape_str(q.shape()), ", k ",
+                                    shape_str(k.shape()), ", v ", shape_str(v.shape()), " (head dims up to ",
+                                    kc::kAttentionMaxHeadDim, "; at most 65535 kv heads x batches and query blocks)."));
+  }
+  if (!plan.steps[1].kernel) {
+    cuda::launch(enc, plan.steps[0], args);
+    return;
+  }
+  // The split kernel writes the partial results, the combine reads them and writes out: each node registers its
+  // own arrays (begin() registered the inputs and out for the first).
+  const mx::array partials = cuda::scratch(enc, plan.workspace_bytes);
+  args.workspace = mx::gpu_ptr<void>(partials);
+  cuda::register_arrays(enc, {}, {partials});
+  cuda::launch(enc, plan.steps[0], args);
+  cuda::register_arrays(enc, {partials}, {out});
+  cuda::launch(enc, plan.steps[1], args);
+}
 
 }  // namespace mlx_ggml_ext
