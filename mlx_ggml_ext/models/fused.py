@@ -2,13 +2,14 @@
 
 On the CPU, MLX's own attention (mx.fast.scaled_dot_product_attention falls back to single-threaded matmuls there)
 and the feed-forward's activation (several single-threaded elementwise passes) took most of a prefill's time;
-`ops.attention` and `ops.glu` do the same math in one threaded SIMD kernel each. Elsewhere the model keeps MLX's
-ops: ops.attention has no GPU kernel, and neither op has a Metal kernel.
+`ops.attention` and `ops.glu` do the same math in one threaded SIMD kernel each. ops.glu has CUDA and Metal kernels
+too; ops.attention has no GPU kernel, so on a GPU the model keeps MLX's attention.
 
 - The feed-forward: each layer's `mlp` is replaced by a `GatedMLP` holding the same projection layers; a mixture of
   experts' `switch_mlp` by a `GGMLSwitchGLU` over its expert layers.
-- gpt-oss keeps mlx-lm's SwitchGLU (over GGMLSwitchLinear experts) for its clamped SwiGLU variant, and its
-  attention keeps MLX's: it passes attention sinks, which ops.attention does not take, so `_dispatching_attention`
+- gpt-oss's experts become a `GGMLSwitchGLU` of kind "swiglu_oai" (its clamped SwiGLU, with the alpha and limit
+  of mlx-lm's SwigluOAI; the experts' biases are added by GGMLSwitchLinear before the activation). Its attention
+  keeps MLX's: it passes attention sinks, which ops.attention does not take, so `_dispatching_attention`
   hands every call with sinks to mlx-lm's function.
 - Attention: mlx-lm's attention modules call the `scaled_dot_product_attention` of their own module. That name is
   pointed at `_dispatching_attention`, which takes the package's kernel only while one of *our* models is being
@@ -37,10 +38,6 @@ def _on_cpu() -> bool:
     return mx.default_device() == mx.cpu
 
 
-def _glu_has_kernel() -> bool:
-    return _on_cpu() or _ext.gpu_backend() == "cuda"
-
-
 def _dispatching_attention(queries, keys, values, cache, scale: float, mask, sinks=None):
     if getattr(_active, "on", False) and _on_cpu() and sinks is None and not hasattr(cache, "bits"):
         return ops.attention(queries, keys, values, mask, scale=scale)
@@ -66,10 +63,7 @@ class GatedMLP(nn.Module):
             gate, up = mx.split(gate_up(x), 2, axis=-1)
         else:
             gate, up = self["gate_proj"](x), self["up_proj"](x)
-        if _glu_has_kernel():
-            return self["down_proj"](_ext.glu(gate, up, self.kind))
-        act = nn.silu(gate) if self.kind == "swiglu" else nn.gelu_approx(gate)
-        return self["down_proj"](act * up)
+        return self["down_proj"](_ext.glu(gate, up, self.kind))
 
 
 # ggml's activation of each architecture's feed-forward (Gemma: GELU with the tanh approximation).
@@ -85,8 +79,10 @@ def use_fused_ops(model: nn.Module, architecture: str, mlx_lm_module: str) -> No
         if moe is not None and "switch_mlp" in moe:  # experts: one GGMLSwitchGLU (unsorted tokens, ops.glu)
             s = moe.switch_mlp
             moe.switch_mlp = GGMLSwitchGLU(s.gate_proj, s.up_proj, s.down_proj, GLU_KIND[architecture])
-        elif architecture == "gpt-oss":
-            pass  # mlx-lm's SwitchGLU with its SwigluOAI activation, which ops.glu does not compute
+        elif architecture == "gpt-oss":  # mlx-lm's SwitchGLU with its SwigluOAI activation
+            e = layer.mlp.experts
+            layer.mlp.experts = GGMLSwitchGLU(e.gate_proj, e.up_proj, e.down_proj, "swiglu_oai",
+                                              alpha=e.activation._alpha, limit=e.activation._limit)
         else:
             layer.mlp = GatedMLP(layer.mlp, GLU_KIND[architecture])
         if type(getattr(layer.self_attn, "rope", None)) is nn.RoPE:  # not the subclasses with scalings of their own
