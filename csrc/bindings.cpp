@@ -137,11 +137,15 @@ NB_MODULE(_ext, m) {
         "offset; mode 'normal'/'neox' or 0/2.");
 
   m.def("glu",
-        [](const mx::array& gate, const std::optional<mx::array>& up, const std::string& kind, mx::StreamOrDevice s) {
-          return glu(gate, up, glu_kind(kind), s);
+        [](const mx::array& gate, const std::optional<mx::array>& up, const std::string& kind,
+           std::optional<float> alpha, std::optional<float> limit, mx::StreamOrDevice s) {
+          const auto k = glu_kind(kind);
+          return glu(gate, up, k, glu_params(k, alpha, limit), s);
         },
-        "gate"_a, "up"_a = nb::none(), "kind"_a = "swiglu", nb::kw_only(), "stream"_a = nb::none(),
-        "ggml's swiglu/geglu/geglu_erf: act(gate) * up; up None: gate's last axis holds gate then up.");
+        "gate"_a, "up"_a = nb::none(), "kind"_a = "swiglu", nb::kw_only(), "alpha"_a = nb::none(),
+        "limit"_a = nb::none(), "stream"_a = nb::none(),
+        "ggml's swiglu/geglu/geglu_erf: act(gate) * up; swiglu_oai (alpha, limit): gpt-oss's clamped SwiGLU; up\n"
+        "None: gate's last axis holds gate then up.");
   m.def("attention",
         [](const mx::array& q, const mx::array& k, const mx::array& v,
            const std::optional<std::variant<mx::array, std::string>>& mask, float scale, float softcap,

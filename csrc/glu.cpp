@@ -7,21 +7,14 @@ namespace {
 
 constexpr const char* kOp = "glu";
 
-mx::array glu_node(const std::vector<mx::array>& inputs, GluKind kind, bool fused, mx::StreamOrDevice s) {
+mx::array glu_node(const std::vector<mx::array>& inputs, GluKind kind, GluParams params, bool fused,
+                   mx::StreamOrDevice s) {
   auto stream = mx::to_stream(s);
   mx::Shape shape = inputs[0].shape();
   if (fused) shape.back() /= 2;
   std::vector<mx::array> contiguous;
   for (const auto& a : inputs) contiguous.push_back(kernel_input(a, stream));
-  return mx::array(shape, inputs[0].dtype(), std::make_shared<GLU>(stream, kind, fused), contiguous);
-}
-
-// Metal kernels for the fused ops are not written yet: say so when the graph is built, not at eval.
-void check_device(const mx::Stream& stream) {
-  if (stream.device == mx::Device::gpu && std::string(gpu_backend()) == "metal") {
-    throw not_implemented_error(cat("[", kOp, "] is not implemented on Metal yet; run it on the CPU "
-                                    "(stream=mx.cpu) or use mlx.nn's activations on the GPU."));
-  }
+  return mx::array(shape, inputs[0].dtype(), std::make_shared<GLU>(stream, kind, params, fused), contiguous);
 }
 
 struct Halves {
@@ -33,9 +26,36 @@ Halves split_fused(const mx::array& x, mx::StreamOrDevice s) {
   return {parts[0], parts[1]};
 }
 
-// act(g) and act'(g) in float32 from MLX's ops, for the transformations.
-std::pair<mx::array, mx::array> activation_and_slope(const mx::array& gate, GluKind kind, mx::StreamOrDevice s) {
-  const auto g = mx::astype(gate, mx::float32, s);
+// out = act(gate) * lin(up), with its partial derivatives, in float32 from MLX's ops (for the transformations):
+// act(g), slope = act'(g), lin(u) and lin_slope = lin'(u) (absent where lin(u) = u).
+struct Terms {
+  mx::array act, slope, lin;
+  std::optional<mx::array> lin_slope;
+};
+
+std::pair<mx::array, mx::array> activation_and_slope(const mx::array& g, GluKind kind, mx::StreamOrDevice s);
+
+Terms glu_terms(const mx::array& gate, const mx::array& up, GluKind kind, const GluParams& p, mx::StreamOrDevice s) {
+  const auto g = mx::astype(gate, mx::float32, s), u = mx::astype(up, mx::float32, s);
+  if (kind != GluKind::swiglu_oai) {
+    auto [act, slope] = activation_and_slope(g, kind, s);
+    return {act, slope, u, std::nullopt};
+  }
+  // x = min(g, L), y = clamp(u, -L, L), out = f(x) (y + 1) with f(x) = x sigmoid(a x),
+  // f'(x) = s (1 + a x (1 - s)). The clamps pass the derivative only inside the limits (zero past them).
+  const auto limit = mx::array(p.limit), one = mx::array(1.0f);
+  const auto x = mx::minimum(g, limit, s);
+  const auto ax = mx::multiply(mx::array(p.alpha), x, s);
+  const auto sg = mx::sigmoid(ax, s);
+  const auto f_slope = mx::multiply(sg, mx::add(one, mx::multiply(ax, mx::subtract(one, sg, s), s), s), s);
+  const auto gate_inside = mx::less(g, limit, s);
+  const auto up_inside = mx::logical_and(mx::less(u, limit, s), mx::greater(u, mx::negative(limit, s), s), s);
+  return {mx::multiply(x, sg, s), mx::where(gate_inside, f_slope, mx::array(0.0f), s),
+          mx::add(mx::clip(u, mx::negative(limit, s), limit, s), one, s), mx::astype(up_inside, mx::float32, s)};
+}
+
+// act(g) and act'(g) of the unclamped kinds (g float32).
+std::pair<mx::array, mx::array> activation_and_slope(const mx::array& g, GluKind kind, mx::StreamOrDevice s) {
   auto f = [](double v) { return mx::array(static_cast<float>(v)); };
   switch (kind) {
     case GluKind::swiglu: {
@@ -62,6 +82,7 @@ std::pair<mx::array, mx::array> activation_and_slope(const mx::array& gate, GluK
                                     mx::exp(mx::multiply(f(-0.5), mx::square(g, s), s), s), s);
       return {mx::multiply(g, cdf, s), mx::add(cdf, mx::multiply(g, pdf, s), s)};
     }
+    case GluKind::swiglu_oai: break;  // glu_terms
   }
   throw std::logic_error("unknown GLU kind");
 }
@@ -72,7 +93,27 @@ GluKind glu_kind(const std::string& name) {
   if (name == "swiglu") return GluKind::swiglu;
   if (name == "geglu") return GluKind::geglu;
   if (name == "geglu_erf") return GluKind::geglu_erf;
-  throw std::invalid_argument(cat("[", kOp, "] kind must be 'swiglu', 'geglu' or 'geglu_erf', got '", name, "'."));
+  if (name == "swiglu_oai") return GluKind::swiglu_oai;
+  throw std::invalid_argument(
+      cat("[", kOp, "] kind must be 'swiglu', 'geglu', 'geglu_erf' or 'swiglu_oai', got '", name, "'."));
+}
+
+GluParams glu_params(GluKind kind, std::optional<float> alpha, std::optional<float> limit) {
+  if (kind != GluKind::swiglu_oai) {
+    if (alpha || limit) {
+      throw std::invalid_argument(cat("[", kOp, "] alpha and limit belong to kind 'swiglu_oai'; kind '",
+                                      glu_kind_name(kind), "' takes neither."));
+    }
+    return {};
+  }
+  GluParams p;
+  if (alpha) p.alpha = *alpha;
+  if (limit) p.limit = *limit;
+  if (!std::isfinite(p.alpha) || !std::isfinite(p.limit) || !(p.limit > 0.0f)) {
+    throw std::invalid_argument(cat("[", kOp, "] swiglu_oai needs a finite alpha and a finite limit > 0, got "
+                                    "alpha = ", p.alpha, ", limit = ", p.limit, "."));
+  }
+  return p;
 }
 
 const char* glu_kind_name(GluKind kind) {
@@ -80,19 +121,20 @@ const char* glu_kind_name(GluKind kind) {
     case GluKind::swiglu: return "swiglu";
     case GluKind::geglu: return "geglu";
     case GluKind::geglu_erf: return "geglu_erf";
+    case GluKind::swiglu_oai: return "swiglu_oai";
   }
   return "?";
 }
 
-mx::array glu(const mx::array& gate, const std::optional<mx::array>& up, GluKind kind, mx::StreamOrDevice s) {
-  check_device(mx::to_stream(s));
+mx::array glu(const mx::array& gate, const std::optional<mx::array>& up, GluKind kind, GluParams params,
+              mx::StreamOrDevice s) {
   check_float_dtype(gate, kOp, up ? "gate" : "x");
   if (!up) {
     if (gate.ndim() == 0 || gate.shape(-1) % 2 != 0) {
       throw std::invalid_argument(cat("[", kOp, "] a single input holds gate and up as the two halves of its last "
                                       "axis, which must be even; got shape ", shape_str(gate.shape()), "."));
     }
-    return glu_node({gate}, kind, /*fused=*/true, s);
+    return glu_node({gate}, kind, params, /*fused=*/true, s);
   }
   check_float_dtype(*up, kOp, "up");
   if (gate.shape() != up->shape()) {
@@ -101,12 +143,13 @@ mx::array glu(const mx::array& gate, const std::optional<mx::array>& up, GluKind
                                     "."));
   }
   const auto dtype = mx::promote_types(gate.dtype(), up->dtype());
-  return glu_node({mx::astype(gate, dtype, s), mx::astype(*up, dtype, s)}, kind, /*fused=*/false, s);
+  return glu_node({mx::astype(gate, dtype, s), mx::astype(*up, dtype, s)}, kind, params, /*fused=*/false, s);
 }
 
 bool GLU::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const GLU&>(other);
-  return kind_ == o.kind_ && fused_ == o.fused_;
+  return kind_ == o.kind_ && fused_ == o.fused_ && params_.alpha == o.params_.alpha &&
+         params_.limit == o.params_.limit;
 }
 
 std::vector<mx::Shape> GLU::output_shapes(const std::vector<mx::array>& inputs) {
@@ -129,11 +172,13 @@ std::vector<mx::array> GLU::vjp(const std::vector<mx::array>& primals, const std
                                 const std::vector<int>& argnums, const std::vector<mx::array>&) {
   const auto s = stream();
   const auto [gate, up] = fused_ ? split_fused(primals[0], s) : Halves{primals[0], primals[1]};
-  const auto [act, slope] = activation_and_slope(gate, kind_, s);
+  const auto terms = glu_terms(gate, up, kind_, params_, s);
   const auto c = mx::astype(cotangents[0], mx::float32, s);
   const auto dtype = primals[0].dtype();
-  const auto d_gate = mx::astype(mx::multiply(mx::multiply(c, slope, s), mx::astype(up, mx::float32, s), s), dtype, s);
-  const auto d_up = mx::astype(mx::multiply(c, act, s), dtype, s);
+  const auto d_gate = mx::astype(mx::multiply(mx::multiply(c, terms.slope, s), terms.lin, s), dtype, s);
+  auto c_act = mx::multiply(c, terms.act, s);
+  if (terms.lin_slope) c_act = mx::multiply(c_act, *terms.lin_slope, s);
+  const auto d_up = mx::astype(c_act, dtype, s);
   if (fused_) return {mx::concatenate({d_gate, d_up}, -1, s)};
   std::vector<mx::array> grads;
   for (int arg : argnums) grads.push_back(arg == 0 ? d_gate : d_up);
@@ -144,7 +189,7 @@ std::vector<mx::array> GLU::jvp(const std::vector<mx::array>& primals, const std
                                 const std::vector<int>& argnums) {
   const auto s = stream();
   const auto [gate, up] = fused_ ? split_fused(primals[0], s) : Halves{primals[0], primals[1]};
-  const auto [act, slope] = activation_and_slope(gate, kind_, s);
+  const auto terms = glu_terms(gate, up, kind_, params_, s);
   std::optional<mx::array> t_gate, t_up;
   if (fused_) {
     auto halves = split_fused(tangents[0], s);
@@ -153,12 +198,15 @@ std::vector<mx::array> GLU::jvp(const std::vector<mx::array>& primals, const std
   } else {
     for (size_t i = 0; i < argnums.size(); ++i) (argnums[i] == 0 ? t_gate : t_up) = tangents[i];
   }
-  mx::array out = mx::zeros(act.shape(), mx::float32, s);
+  mx::array out = mx::zeros(terms.act.shape(), mx::float32, s);
   if (t_gate) {
-    out = mx::add(out, mx::multiply(mx::multiply(slope, mx::astype(up, mx::float32, s), s),
-                                    mx::astype(*t_gate, mx::float32, s), s), s);
+    const auto d_gate = mx::multiply(terms.slope, mx::astype(*t_gate, mx::float32, s), s);
+    out = mx::add(out, mx::multiply(d_gate, terms.lin, s), s);
   }
-  if (t_up) out = mx::add(out, mx::multiply(act, mx::astype(*t_up, mx::float32, s), s), s);
+  if (t_up) {
+    auto d_up = mx::multiply(terms.act, mx::astype(*t_up, mx::float32, s), s);
+    out = mx::add(out, terms.lin_slope ? mx::multiply(d_up, *terms.lin_slope, s) : d_up, s);
+  }
   return {mx::astype(out, primals[0].dtype(), s)};
 }
 
@@ -173,7 +221,7 @@ std::pair<std::vector<mx::array>, std::vector<int>> GLU::vmap(const std::vector<
       x = mx::moveaxis(x, ax, 0, s);
       ax = 0;
     }
-    return {{glu_node({x}, kind_, true, s)}, {ax}};
+    return {{glu_node({x}, kind_, params_, true, s)}, {ax}};
   }
   // Both operands batched along a leading axis; an unbatched one is broadcast to it.
   const int batch = axes[0] >= 0 ? inputs[0].shape(axes[0]) : inputs[1].shape(axes[1]);
@@ -187,7 +235,7 @@ std::pair<std::vector<mx::array>, std::vector<int>> GLU::vmap(const std::vector<
       moved.push_back(mx::broadcast_to(inputs[i], shape, s));
     }
   }
-  return {{glu_node(moved, kind_, false, s)}, {0}};
+  return {{glu_node(moved, kind_, params_, false, s)}, {0}};
 }
 
 }  // namespace mlx_ggml_ext

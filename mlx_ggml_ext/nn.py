@@ -178,24 +178,25 @@ class GGMLSwitchLinear(nn.Module):
 class GGMLSwitchGLU(nn.Module):
     """mlx-lm's ``SwitchGLU`` (``down(act(gate(x)) * up(x))`` through each token's experts) over three
     :class:`GGMLSwitchLinear`: ``__call__(x (..., K), indices (..., n_used)) -> (..., n_used, K)``. No sort of the
-    tokens (mul_mat_id groups them by expert itself), and the activation is ``ops.glu`` where it has a kernel
-    (CPU, CUDA)."""
+    tokens (mul_mat_id groups them by expert itself), and the activation is ``ops.glu`` of ``kind`` (with
+    ``alpha`` and ``limit`` for ``"swiglu_oai"``, gpt-oss's clamped SwiGLU), applied after the projections'
+    biases."""
 
     def __init__(self, gate_proj: GGMLSwitchLinear, up_proj: GGMLSwitchLinear, down_proj: GGMLSwitchLinear,
-                 kind: str = "swiglu"):
+                 kind: str = "swiglu", *, alpha: Optional[float] = None, limit: Optional[float] = None):
         super().__init__()
         self.gate_proj, self.up_proj, self.down_proj = gate_proj, up_proj, down_proj
         self.kind = kind
+        # swiglu_oai's constants (None for the other kinds; plain floats, not module parameters)
+        self._alpha = None if alpha is None else float(alpha)
+        self._limit = None if limit is None else float(limit)
 
     def __call__(self, x: mx.array, indices: mx.array) -> mx.array:
         lead, used = tuple(indices.shape[:-1]), indices.shape[-1]
         rows = x.reshape(-1, 1, x.shape[-1])
         ids = mx.stop_gradient(indices).reshape(-1, used)
         gate, up = self.gate_proj.product(rows, ids), self.up_proj.product(rows, ids)
-        if mx.default_device() == mx.cpu or _ext.gpu_backend() == "cuda":
-            h = _ext.glu(gate, up, self.kind)
-        else:
-            h = (nn.silu(gate) if self.kind == "swiglu" else nn.gelu_approx(gate)) * up
+        h = _ext.glu(gate, up, self.kind, alpha=self._alpha, limit=self._limit)
         return self.down_proj.product(h, ids).reshape(*lead, used, self.down_proj.output_dims)
 
 

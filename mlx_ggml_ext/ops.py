@@ -199,22 +199,32 @@ def mul_mat(a: Union[GGMLTensor, mx.array], b: mx.array, *, stream: Stream = Non
 __all__ = ["rms_norm", "rope", "dequantize", "quantize", "quantized_matmul", "mul_mat"]
 
 
-def glu(gate: mx.array, up: Optional[mx.array] = None, kind: str = "swiglu", *, stream: Stream = None) -> mx.array:
+def glu(gate: mx.array, up: Optional[mx.array] = None, kind: str = "swiglu", *, alpha: Optional[float] = None,
+        limit: Optional[float] = None, stream: Stream = None) -> mx.array:
     """ggml's gated linear units: ``act(gate) * up`` in one pass.
 
     ``kind``: ``"swiglu"`` (SiLU), ``"geglu"`` (GELU with the tanh approximation, as ggml's GELU and
-    ``mlx.nn.gelu_approx``) or ``"geglu_erf"`` (exact GELU, as ``mlx.nn.gelu``). ``gate`` and ``up``:
-    float32/float16/bfloat16 arrays of the same shape (no broadcasting, as in ggml; dtypes promote). With
-    ``up=None``, ``gate`` is ggml's fused layout: its last axis (even) holds the gate half then the up half,
-    and the result has half that length (phi3's ``ffn_up``). Float32 math within a few ulps (docs/fused-ops.md),
-    one rounding to the output dtype. CPU (SIMD, threaded) and CUDA; on Metal it raises NotImplementedError.
-    Differentiable in both inputs (vjp, jvp); supports vmap and mx.compile (shapeless too).
+    ``mlx.nn.gelu_approx``), ``"geglu_erf"`` (exact GELU, as ``mlx.nn.gelu``) or ``"swiglu_oai"`` (gpt-oss's
+    clamped SwiGLU, ggml's ``swiglu_oai``: ``x = min(gate, limit)``, ``y = clip(up, -limit, limit)``,
+    ``x * sigmoid(alpha * x) * (y + 1)``; ``alpha`` defaults to 1.702 and ``limit`` to 7.0, as in gpt-oss, and
+    only this kind takes them: finite, ``limit > 0``). ``gate`` and ``up``: float32/float16/bfloat16 arrays of
+    the same shape (no broadcasting, as in ggml; dtypes promote). With ``up=None``, ``gate`` is ggml's fused
+    layout: its last axis (even) holds the gate half then the up half, and the result has half that length
+    (phi3's ``ffn_up``). Float32 math within a few ulps (docs/fused-ops.md), one rounding to the output dtype.
+    CPU (SIMD, threaded), CUDA and Metal kernels. Differentiable in both inputs (vjp, jvp; swiglu_oai's clamps
+    pass no derivative past the limits); supports vmap and mx.compile (shapeless too).
     """
     _require_array("gate", gate)
     _require_array("up", up, optional=True)
     if not isinstance(kind, str):
-        raise TypeError(f"kind must be a str ('swiglu', 'geglu', 'geglu_erf'), got {type(kind).__name__}")
-    return _ext.glu(gate, up, kind, stream=stream)
+        raise TypeError(f"kind must be a str ('swiglu', 'geglu', 'geglu_erf', 'swiglu_oai'), got {type(kind).__name__}")
+    if alpha is not None:
+        _require_float("alpha", alpha)
+        alpha = float(alpha)
+    if limit is not None:
+        _require_float("limit", limit)
+        limit = float(limit)
+    return _ext.glu(gate, up, kind, alpha=alpha, limit=limit, stream=stream)
 
 
 def attention(q: mx.array, k: mx.array, v: mx.array, mask: Union[mx.array, str, None] = None, *, scale: float,

@@ -65,7 +65,8 @@ class RmsNormArgs(ctypes.Structure):
 
 class GluArgs(ctypes.Structure):
     _fields_ = [("gate", ctypes.c_void_p), ("up", ctypes.c_void_p), ("y", ctypes.c_void_p),
-                ("rows", ctypes.c_int64), ("cols", ctypes.c_int64), ("in_stride", ctypes.c_int64)]
+                ("rows", ctypes.c_int64), ("cols", ctypes.c_int64), ("in_stride", ctypes.c_int64),
+                ("alpha", ctypes.c_float), ("limit", ctypes.c_float)]
 
 
 class RopeArgs(ctypes.Structure):
@@ -232,26 +233,28 @@ def test_rms_norm(kernels, ftype):
 
 # ----------------------------------------------------------------------------- glu
 
+GLU_KINDS = ["swiglu", "geglu", "geglu_erf", "swiglu_oai"]
+
 @pytest.mark.parametrize("ftype", [F32, F16, BF16])
-@pytest.mark.parametrize("kind", [0, 1, 2], ids=["swiglu", "geglu", "geglu_erf"])
+@pytest.mark.parametrize("kind", [0, 1, 2, 3], ids=GLU_KINDS)
 @pytest.mark.parametrize("fused", [False, True], ids=["two_arrays", "fused"])
 def test_glu(kernels, ftype, kind, fused):
     """act(gate) * up against test_glu.py's float64 formulas, both layouts (the fused one's rows hold gate then
-    up), odd lengths."""
-    from test_glu import KINDS, activation
+    up), odd lengths; swiglu_oai with values past its limits (+-7) on both inputs."""
+    from test_glu import OAI_ALPHA, OAI_LIMIT, expected_glu
     rng = np.random.default_rng(30 + ftype + 3 * kind)
     rows, cols = 5, 37
-    x = stored(rng.standard_normal((rows, 2 * cols)) * 3, ftype)
+    x = stored(rng.standard_normal((rows, 2 * cols)) * (6 if kind == 3 else 3), ftype)
     y = np.zeros((rows, cols), x.dtype)
     if fused:
-        args = GluArgs(ptr(x), ptr(x) + cols * x.itemsize, ptr(y), rows, cols, 2 * cols)
+        args = GluArgs(ptr(x), ptr(x) + cols * x.itemsize, ptr(y), rows, cols, 2 * cols, OAI_ALPHA, OAI_LIMIT)
         gate, up = loaded(x, ftype)[:, :cols], loaded(x, ftype)[:, cols:]
     else:
         g, u = np.ascontiguousarray(x[:, :cols]), np.ascontiguousarray(x[:, cols:])
-        args = GluArgs(ptr(g), ptr(u), ptr(y), 1, rows * cols, rows * cols)
+        args = GluArgs(ptr(g), ptr(u), ptr(y), 1, rows * cols, rows * cols, OAI_ALPHA, OAI_LIMIT)
         gate, up = loaded(g, ftype), loaded(u, ftype)
     assert kernels.emulated_glu(args, ftype, kind) == 0
-    expected = activation(KINDS[kind], gate) * up
+    expected = expected_glu(GLU_KINDS[kind], gate, up)
     err = np.max(np.abs(loaded(y, ftype) - expected))
     assert err <= TOL[ftype] * 2 * np.max(np.abs(expected)), err
 

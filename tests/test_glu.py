@@ -1,4 +1,4 @@
-"""ops.glu against float64 numpy formulas of ggml's swiglu / geglu / geglu_erf."""
+"""ops.glu against float64 numpy formulas of ggml's swiglu / geglu / geglu_erf / swiglu_oai."""
 import math
 
 import mlx.core as mx
@@ -44,6 +44,29 @@ def slope(kind, g):
         t = np.tanh(k * (g + c * g ** 3))
         return 0.5 * (1.0 + t) + 0.5 * g * (1.0 - t * t) * k * (1.0 + 3.0 * c * g * g)
     return 0.5 * (1.0 + erf(g / math.sqrt(2.0))) + g * np.exp(-0.5 * g * g) / math.sqrt(2.0 * math.pi)
+
+
+OAI_ALPHA, OAI_LIMIT = 1.702, 7.0  # gpt-oss's constants, ops.glu's defaults
+
+
+def swiglu_oai(g, u, alpha=OAI_ALPHA, limit=OAI_LIMIT):
+    """ggml_swiglu_oai in float64: x = min(g, limit), y = clip(u, -limit, limit), x sigmoid(alpha x) (y + 1)."""
+    x = np.minimum(g, limit)
+    with np.errstate(over="ignore"):
+        return x / (1.0 + np.exp(-alpha * x)) * (np.clip(u, -limit, limit) + 1.0)
+
+
+def swiglu_oai_grads(g, u, alpha=OAI_ALPHA, limit=OAI_LIMIT):
+    """(d/dg, d/du) in float64: the clamps pass no derivative past the limits."""
+    x = np.minimum(g, limit)
+    s = 1.0 / (1.0 + np.exp(-alpha * x))
+    d_gate = np.where(g < limit, s * (1.0 + alpha * x * (1.0 - s)), 0.0) * (np.clip(u, -limit, limit) + 1.0)
+    return d_gate, np.where(np.abs(u) < limit, x * s, 0.0)
+
+
+def expected_glu(kind, g, u):
+    """ops.glu's result in float64 for any kind (swiglu_oai with its default constants)."""
+    return swiglu_oai(g, u) if kind == "swiglu_oai" else activation(kind, g) * u
 
 
 def assert_close(y, expected, dtype):
@@ -244,7 +267,13 @@ def test_matches_mlx_nn_forms():
     ((mx.ones((4, 8)), mx.ones((8,))), {}, ValueError, r"same shape"),
     ((mx.ones((4, 7)),), {}, ValueError, r"even.*\(4, 7\)"),
     ((mx.array(1.0),), {}, ValueError, r"even"),
-    ((mx.ones((4, 8)),), {"kind": "reglu"}, ValueError, r"kind must be 'swiglu', 'geglu' or 'geglu_erf'"),
+    ((mx.ones((4, 8)),), {"kind": "reglu"}, ValueError, r"kind must be 'swiglu', 'geglu', 'geglu_erf' or 'swiglu_oai'"),
+    ((mx.ones((4, 8)),), {"alpha": 1.0}, ValueError, r"alpha and limit belong to kind 'swiglu_oai'.*'swiglu'"),
+    ((mx.ones((4, 8)),), {"kind": "geglu", "limit": 7.0}, ValueError, r"belong to kind 'swiglu_oai'"),
+    ((mx.ones((4, 8)),), {"kind": "swiglu_oai", "limit": 0.0}, ValueError, r"finite limit > 0.*limit = 0"),
+    ((mx.ones((4, 8)),), {"kind": "swiglu_oai", "alpha": float("nan")}, ValueError, r"finite alpha"),
+    ((mx.ones((4, 8)),), {"kind": "swiglu_oai", "limit": float("inf")}, ValueError, r"finite limit"),
+    ((mx.ones((4, 8)),), {"kind": "swiglu_oai", "alpha": "1"}, TypeError, r"alpha must be a float"),
     ((mx.ones((4, 8), dtype=mx.int32),), {}, TypeError, r"x must be float32.*int32"),
     ((mx.ones((4, 8)), mx.ones((4, 8), dtype=mx.uint8)), {}, TypeError, r"up must be float32.*uint8"),
     ((np.ones((4, 8), np.float32),), {}, TypeError, r"gate must be an mlx.core.array, got ndarray"),
@@ -253,3 +282,82 @@ def test_matches_mlx_nn_forms():
 def test_bad_input_raises_clearly(args, kwargs, exc, match):
     with pytest.raises(exc, match=match):
         ops.glu(*args, **kwargs)
+
+
+# ----------------------------------------------------------------------------- swiglu_oai (gpt-oss)
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_swiglu_oai_matches_float64_past_both_limits(dtype):
+    """Two arrays and the fused layout, values well past +-limit on both inputs, odd lengths (SIMD tails)."""
+    rng = np.random.default_rng(10)
+    g = random_array(rng, (3, 37), dtype, scale=6.0)
+    u = random_array(rng, (3, 37), dtype, scale=6.0)
+    gn, un = to_numpy(g), to_numpy(u)
+    assert (gn > 7).any() and (gn < -7).any() and (un > 7).any() and (un < -7).any()
+    assert_close(ops.glu(g, u, kind="swiglu_oai"), swiglu_oai(gn, un), dtype)
+    assert_close(ops.glu(mx.concatenate([g, u], -1), kind="swiglu_oai"), swiglu_oai(gn, un), dtype)
+    y = ops.glu(g, u, kind="swiglu_oai", alpha=1.25, limit=3.5)
+    assert_close(y, swiglu_oai(gn, un, alpha=1.25, limit=3.5), dtype)
+
+
+def test_swiglu_oai_long_rows_threads_and_special_values():
+    rng = np.random.default_rng(11)
+    x = random_array(rng, (2, 2 * 5000 + 2), mx.float32, scale=8.0)
+    xn = to_numpy(x)
+    assert_close(ops.glu(x, kind="swiglu_oai"), swiglu_oai(xn[:, :5001], xn[:, 5001:]), mx.float32)
+    g = mx.array([np.inf, -np.inf, np.nan, 0.0, 3.0], dtype=mx.float32)
+    u = mx.array([1.0, 1.0, 1.0, np.inf, -np.inf], dtype=mx.float32)
+    y = np.array(ops.glu(g, u, kind="swiglu_oai"))
+    # +inf gate clamps to the limit; -inf is -inf * 0 = NaN, as in ggml's x / (1 + e^(-alpha x)) and mlx-lm's
+    # form; NaN stays NaN; an infinite up clamps to +-limit
+    np.testing.assert_allclose(y[[0, 4]], swiglu_oai(np.array([7.0, 3.0]), np.array([1.0, -7.0])), rtol=1e-6)
+    assert np.isnan(y[1]) and np.isnan(y[2]) and y[3] == 0.0
+
+
+def test_swiglu_oai_grads_vjp_jvp_and_finite_differences():
+    rng = np.random.default_rng(12)
+    g = random_array(rng, (3, 11), mx.float32, scale=6.0)
+    u = random_array(rng, (3, 11), mx.float32, scale=6.0)
+    c = random_array(rng, (3, 11), mx.float32)
+    gn, un, cn = to_numpy(g), to_numpy(u), to_numpy(c)
+    d_gate, d_up = swiglu_oai_grads(gn, un, 1.5, 5.0)
+    f = lambda a, b: ops.glu(a, b, kind="swiglu_oai", alpha=1.5, limit=5.0)
+    dg, du = mx.grad(lambda a, b: mx.sum(f(a, b) * c), argnums=(0, 1))(g, u)
+    np.testing.assert_allclose(np.array(dg), cn * d_gate, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(np.array(du), cn * d_up, rtol=1e-4, atol=1e-5)
+    dx = mx.grad(lambda a: mx.sum(ops.glu(a, kind="swiglu_oai", alpha=1.5, limit=5.0) * c))(mx.concatenate([g, u], -1))
+    np.testing.assert_allclose(np.array(dx), np.concatenate([np.array(dg), np.array(du)], -1), rtol=1e-6)
+    tg, tu = random_array(rng, (3, 11), mx.float32), random_array(rng, (3, 11), mx.float32)
+    _, (out,) = mx.jvp(f, [g, u], [tg, tu])
+    np.testing.assert_allclose(np.array(out), d_gate * to_numpy(tg) + d_up * to_numpy(tu), rtol=1e-4, atol=1e-5)
+    # the float64 derivative itself against central differences of the float64 formula (no point near a limit)
+    h = 1e-6
+    far = (np.abs(gn - 5.0) > 1e-3) & (np.abs(np.abs(un) - 5.0) > 1e-3)
+    fd_g = (swiglu_oai(gn + h, un, 1.5, 5.0) - swiglu_oai(gn - h, un, 1.5, 5.0)) / (2 * h)
+    fd_u = (swiglu_oai(gn, un + h, 1.5, 5.0) - swiglu_oai(gn, un - h, 1.5, 5.0)) / (2 * h)
+    np.testing.assert_allclose(d_gate[far], fd_g[far], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(d_up[far], fd_u[far], rtol=1e-5, atol=1e-6)
+
+
+def test_swiglu_oai_vmap_compile_and_distinct_constants():
+    rng = np.random.default_rng(13)
+    g = random_array(rng, (3, 4, 6), mx.float32, scale=6.0)
+    u = random_array(rng, (4, 3, 6), mx.float32, scale=6.0)
+    y = mx.vmap(lambda a, b: ops.glu(a, b, kind="swiglu_oai"), in_axes=(0, 1))(g, u)
+    assert_close(y, swiglu_oai(to_numpy(g), np.moveaxis(to_numpy(u), 1, 0)), mx.float32)
+    # two limits in one compiled graph: the primitives must not be merged as equivalent
+    f = lambda a: ops.glu(a, kind="swiglu_oai", limit=2.0) + ops.glu(a, kind="swiglu_oai", limit=6.0)
+    for compiled in (mx.compile(f), mx.compile(f, shapeless=True)):
+        for rows in (2, 5):
+            x = random_array(rng, (rows, 16), mx.float32, scale=6.0)
+            xn = to_numpy(x)
+            expected = sum(swiglu_oai(xn[:, :8], xn[:, 8:], limit=lim) for lim in (2.0, 6.0))
+            assert_close(compiled(x), expected, mx.float32)
+
+
+def test_swiglu_oai_matches_mlx_lm():
+    from mlx_lm.models.activations import swiglu_oai as mlx_lm_swiglu_oai
+    rng = np.random.default_rng(14)
+    g, u = random_array(rng, (4, 64), mx.float32, scale=6.0), random_array(rng, (4, 64), mx.float32, scale=6.0)
+    np.testing.assert_allclose(np.array(ops.glu(g, u, kind="swiglu_oai")), np.array(mlx_lm_swiglu_oai(g, u)),
+                               rtol=1e-5, atol=1e-5)

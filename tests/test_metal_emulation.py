@@ -143,7 +143,7 @@ def test_every_kernel_the_glue_asks_for_exists(metal):
     """The host names csrc/backend/metal/primitives.cpp builds, for every type and dtype."""
     wanted = set()
     for sfx in DTYPES:
-        wanted |= {f"rms_norm_{sfx}", f"rope_{sfx}"}
+        wanted |= {f"rms_norm_{sfx}", f"rope_{sfx}"} | {f"glu_{k}_{sfx}" for k in GLU_KINDS}
         for t in QUANT_TYPES + FLOAT_TYPES:
             wanted |= {f"{k}_{t.lower()}_{sfx}" for k in ("dequantize", "qmv_x1", "qmv_x4", "qmv_x8", "qmm", "qmm_t",
                                                                 "mul_mat_id_x1", "mul_mat_id_x8",
@@ -233,6 +233,35 @@ def check_rms_norm(metal, dtype, dim, rows, weighted, in_place=False):
     got = to_f32(out[0 if in_place else 2]).reshape(rows, dim)
     expected = rms_norm_reference(to_f32(x), to_f32(w) if weighted else None, eps)
     assert_close(got, expected, TOL["rms_norm"][dtype], f"rms_norm {dtype}")
+
+
+# ---------------------------------------------------------------------------------------------------
+# glu (test_glu.py's float64 references and tolerances)
+# ---------------------------------------------------------------------------------------------------
+GLU_KINDS = ["swiglu", "geglu", "geglu_erf", "swiglu_oai"]
+
+
+@pytest.mark.parametrize("kind,dtype,fused,cols", [("swiglu", "f32", True, 300), ("geglu", "bf16", False, 37),
+                                                   ("geglu_erf", "f32", True, 37), ("swiglu_oai", "f16", True, 37),
+                                                   ("swiglu_oai", "f32", False, 300)])
+def test_glu(metal, kind, dtype, fused, cols):
+    """Both layouts (fused rows hold gate then up), a partial threadgroup; swiglu_oai past its limits (+-limit)."""
+    from test_glu import TOL as GLU_TOL, activation, swiglu_oai
+    storage, to_storage, to_f32 = DTYPES[dtype]
+    rng, rows, alpha, limit = np.random.default_rng(cols), 3, 1.5, 5.0
+    x = to_storage(rng.standard_normal((rows, 2 * cols)) * 4)
+    g, u = to_f32(x)[:, :cols], to_f32(x)[:, cols:]
+    fields = dict(kind=kind, dtype=dtype, alpha=alpha, limit=limit)
+    if fused:
+        plan = metal.plan("glu", rows=rows, cols=cols, in_stride=2 * cols, up_offset=cols, **fields)
+        buffers = {0: x, 1: x}
+    else:  # two arrays: one long row
+        plan = metal.plan("glu", rows=1, cols=rows * cols, in_stride=rows * cols, up_offset=0, **fields)
+        buffers = {0: to_storage(g), 1: to_storage(u)}
+    buffers[2] = np.full((rows, cols), 0xFF, storage)
+    got = to_f32(metal.dispatch_plan(plan, buffers, args_index=3, seed=cols)[2]).reshape(rows, cols)
+    expected = swiglu_oai(g, u, alpha, limit) if kind == "swiglu_oai" else activation(kind, g) * u
+    assert_close(got, expected, GLU_TOL[MX_DTYPES[dtype]], f"glu {kind} {dtype}")
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
-// ggml's GLU ops (swiglu, geglu, geglu_erf): y = act(gate) * up, one element per thread in a grid-stride loop,
-// float32 math with the stable forms of kernels/cpu/vec_math.h: sigmoid from e^-|x| (no overflow in the
-// negative tail), the tanh GELU as x sigmoid(2u), the erf GELU as x erfc(-x / sqrt 2) / 2.
+// ggml's GLU ops (swiglu, geglu, geglu_erf; swiglu_oai with its clamps): y = act(gate) * up, one element per
+// thread in a grid-stride loop, float32 math with the stable forms of kernels/cpu/vec_math.h: sigmoid from
+// e^-|x| (no overflow in the negative tail), the tanh GELU as x sigmoid(2u), the erf GELU as x erfc(-x / sqrt 2)
+// / 2.
 #include <cmath>
 
 #include "kernels/cuda/common.cuh"
@@ -36,6 +37,19 @@ __device__ __forceinline__ float activation(float g) {
   return gelu_erf(g);
 }
 
+// act(g) * u; swiglu_oai: min(g, limit) sigmoid(alpha min(g, limit)) (clamp(u, -limit, limit) + 1), the
+// comparisons keeping a NaN as ggml's std::min / std::clamp do.
+template <int kKind>
+__device__ __forceinline__ float gated(float g, float u, float alpha, float limit) {
+  if constexpr (kKind == 3) {
+    const float x = g > limit ? limit : g;
+    const float y = u > limit ? limit : (u < -limit ? -limit : u);
+    return x * sigmoid(alpha * x) * (y + 1.0f);
+  } else {
+    return activation<kKind>(g) * u;
+  }
+}
+
 template <typename T, int kKind>
 __global__ void __launch_bounds__(kThreads) glu_kernel(GluArgs a) {
   const T* gate = static_cast<const T*>(a.gate);
@@ -45,7 +59,7 @@ __global__ void __launch_bounds__(kThreads) glu_kernel(GluArgs a) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t src = (i / a.cols) * a.in_stride + i % a.cols;
-    y[i] = from_float<T>(activation<kKind>(to_float(gate[src])) * to_float(up[src]));
+    y[i] = from_float<T>(gated<kKind>(to_float(gate[src]), to_float(up[src]), a.alpha, a.limit));
   }
 }
 
@@ -57,6 +71,7 @@ KernelLaunch glu_launch_typed(const GluArgs& a, int kind) {
     case 0: l.kernel = reinterpret_cast<const void*>(&glu_kernel<T, 0>); break;
     case 1: l.kernel = reinterpret_cast<const void*>(&glu_kernel<T, 1>); break;
     case 2: l.kernel = reinterpret_cast<const void*>(&glu_kernel<T, 2>); break;
+    case 3: l.kernel = reinterpret_cast<const void*>(&glu_kernel<T, 3>); break;
     default: return l;
   }
   // Enough blocks to fill any GPU many times over; the loop covers the rest.

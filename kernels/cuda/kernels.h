@@ -35,7 +35,7 @@ struct RmsNormArgs {
 KernelLaunch rms_norm_launch(const RmsNormArgs& args, FloatType type);
 
 // y[r, c] = act(gate[r * in_stride + c]) * up[r * in_stride + c], y rows of `cols`; the same meaning as
-// ggml_ext::cpu::GluArgs. kind: 0 swiglu, 1 geglu (tanh GELU), 2 geglu_erf.
+// ggml_ext::cpu::GluArgs. kind: 0 swiglu, 1 geglu (tanh GELU), 2 geglu_erf, 3 swiglu_oai (alpha, limit).
 struct GluArgs {
   const void* gate;
   const void* up;
@@ -43,6 +43,7 @@ struct GluArgs {
   int64_t rows;
   int64_t cols;
   int64_t in_stride;
+  float alpha, limit;
 };
 // kernel == nullptr for an unknown kind.
 KernelLaunch glu_launch(const GluArgs& args, FloatType type, int kind);

@@ -30,6 +30,13 @@ struct RopeArgs {
   uint32_t vec4;
 };
 
+// rows of `cols` outputs; gate row r at r * in_stride, up `up_offset` elements further in its buffer (the same
+// buffer in ggml's fused layout). alpha, limit: swiglu_oai's constants.
+struct GluArgs {
+  uint32_t rows, cols, in_stride, up_offset;
+  float alpha, limit;
+};
+
 // `units` runs of 16 output elements (quantized types) or single elements (float types).
 struct DequantizeArgs {
   uint32_t units;

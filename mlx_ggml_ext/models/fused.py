@@ -2,14 +2,15 @@
 
 On the CPU, MLX's own attention (mx.fast.scaled_dot_product_attention falls back to single-threaded matmuls there)
 and the feed-forward's activation (several single-threaded elementwise passes) took most of a prefill's time;
-`ops.attention` and `ops.glu` do the same math in one threaded SIMD kernel each. On a GPU the model keeps MLX's
-attention (mx.fast.scaled_dot_product_attention, tensor-core kernels; ops.attention's CUDA kernel is not used by
-the models yet), and on Metal MLX's activations too (neither op has a Metal kernel).
+`ops.attention` and `ops.glu` do the same math in one threaded SIMD kernel each. ops.glu has CUDA and Metal kernels
+too; on a GPU the model keeps MLX's attention (mx.fast.scaled_dot_product_attention, tensor-core kernels;
+ops.attention's CUDA kernel is not used by the models yet, and it has no Metal kernel).
 
 - The feed-forward: each layer's `mlp` is replaced by a `GatedMLP` holding the same projection layers (gate and up
   stacked into one product where they share a block type: models/projections.py, as are q/k/v); a mixture of
   experts' `switch_mlp` by a `GGMLSwitchGLU` over its expert layers.
-- gpt-oss keeps mlx-lm's SwitchGLU (over GGMLSwitchLinear experts) for its clamped SwiGLU variant; its attention
+- gpt-oss's experts become a `GGMLSwitchGLU` of kind "swiglu_oai" (its clamped SwiGLU, with the alpha and limit
+  of mlx-lm's SwigluOAI; the experts' biases are added by GGMLSwitchLinear before the activation); its attention
   sinks go to ops.attention's `sinks=` on the CPU.
 - Attention: mlx-lm's attention modules call the `scaled_dot_product_attention` of their own module. That name is
   pointed at `_dispatching_attention`, which takes the package's kernel only while one of *our* models is being
@@ -39,10 +40,6 @@ def _on_cpu() -> bool:
     return mx.default_device() == mx.cpu
 
 
-def _glu_has_kernel() -> bool:
-    return _on_cpu() or _ext.gpu_backend() == "cuda"
-
-
 def _dispatching_attention(queries, keys, values, cache, scale: float, mask, sinks=None):
     if getattr(_active, "on", False) and _on_cpu() and not hasattr(cache, "bits"):
         return ops.attention(queries, keys, values, mask, scale=scale, sinks=sinks)
@@ -66,16 +63,9 @@ class GatedMLP(nn.Module):
     def __call__(self, x: mx.array) -> mx.array:
         # Submodules read as dict items: nn.Module's attribute fallback costs ~1-2 us a lookup per token.
         gate_up = self.get("gate_up_proj")
-        if gate_up is not None:
-            if _glu_has_kernel():  # the halves as they are: ops.glu's fused layout
-                return self["down_proj"](_ext.glu(gate_up(x), None, self.kind))
-            gate, up = mx.split(gate_up(x), 2, axis=-1)
-        else:
-            gate, up = self["gate_proj"](x), self["up_proj"](x)
-        if _glu_has_kernel():
-            return self["down_proj"](_ext.glu(gate, up, self.kind))
-        act = nn.silu(gate) if self.kind == "swiglu" else nn.gelu_approx(gate)
-        return self["down_proj"](act * up)
+        if gate_up is not None:  # the halves as they are: ops.glu's fused layout
+            return self["down_proj"](_ext.glu(gate_up(x), None, self.kind))
+        return self["down_proj"](_ext.glu(self["gate_proj"](x), self["up_proj"](x), self.kind))
 
 
 # ggml's activation of each architecture's feed-forward (Gemma: GELU with the tanh approximation).
@@ -91,8 +81,10 @@ def use_fused_ops(model: nn.Module, architecture: str, mlx_lm_module: str, stack
         if moe is not None and "switch_mlp" in moe:  # experts: one GGMLSwitchGLU (unsorted tokens, ops.glu)
             s = moe.switch_mlp
             moe.switch_mlp = GGMLSwitchGLU(s.gate_proj, s.up_proj, s.down_proj, GLU_KIND[architecture])
-        elif architecture == "gpt-oss":
-            pass  # mlx-lm's SwitchGLU with its SwigluOAI activation, which ops.glu does not compute
+        elif architecture == "gpt-oss":  # mlx-lm's SwitchGLU with its SwigluOAI activation
+            e = layer.mlp.experts
+            layer.mlp.experts = GGMLSwitchGLU(e.gate_proj, e.up_proj, e.down_proj, "swiglu_oai",
+                                              alpha=e.activation._alpha, limit=e.activation._limit)
         else:
             layer.mlp = GatedMLP(layer.mlp, GLU_KIND[architecture], stack_projections)
         if stack_projections:

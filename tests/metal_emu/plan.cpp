@@ -81,6 +81,10 @@ int main(int argc, char** argv) {
                              f32(f, "mscale"), f32(f, "sin_sign"),
                              // the emulator's buffers start 128-byte aligned
                              u32_or(f, "vec4", rope_vec4_shape(u32(f, "dim"), u32(f, "n_dims"), u32(f, "neox") != 0))}));
+  } else if (op == "glu") {
+    print(plan_glu(field(f, "kind"), field(f, "dtype"),
+                   GluArgs{u32(f, "rows"), u32(f, "cols"), u32(f, "in_stride"), u32(f, "up_offset"), f32(f, "alpha"),
+                           f32(f, "limit")}));
   } else if (op == "dequantize") {
     print(plan_dequantize(field(f, "type"), u32(f, "block_size"), field(f, "dtype"),
                           std::stoull(field(f, "n_blocks"))));

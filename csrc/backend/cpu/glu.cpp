@@ -22,7 +22,9 @@ void GLU::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
                               kind_,
                               l.rows,
                               l.cols,
-                              l.in_stride};
+                              l.in_stride,
+                              params_.alpha,
+                              params_.limit};
   enc.dispatch([args] { ggml_ext::cpu::glu(args); });
 }
 

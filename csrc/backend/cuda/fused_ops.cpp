@@ -17,7 +17,7 @@ void GLU::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
   const auto& up = fused_ ? inputs[0] : inputs[1];
   kc::GluArgs args{mx::gpu_ptr<void>(inputs[0]),
                    static_cast<const char*>(mx::gpu_ptr<void>(up)) + l.up_offset * static_cast<int64_t>(out.itemsize()),
-                   mx::gpu_ptr<void>(out), l.rows, l.cols, l.in_stride};
+                   mx::gpu_ptr<void>(out), l.rows, l.cols, l.in_stride, params_.alpha, params_.limit};
   cuda::launch(enc, kc::glu_launch(args, float_type(out.dtype()), static_cast<int>(kind_)), args);
 }
 

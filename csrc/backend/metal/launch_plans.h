@@ -50,6 +50,13 @@ inline Plan<RopeArgs> plan_rope(const std::string& dtype, uint32_t batches, cons
   return {"rope_" + dtype, args, {{args.tokens, batches, 1}, threads, round_up_16(2 * pairs * sizeof(float))}};
 }
 
+// glu: a thread per output element, threadgroups of up to 256 along a row, one grid row per output row;
+// kind: "swiglu", "geglu", "geglu_erf" or "swiglu_oai".
+inline Plan<GluArgs> plan_glu(const std::string& kind, const std::string& dtype, const GluArgs& args) {
+  const uint32_t threads = std::clamp<uint32_t>(ceil_div_u32(args.cols, 32) * 32, 32, 256);
+  return {"glu_" + kind + "_" + dtype, args, {{ceil_div_u32(args.cols, threads), args.rows, 1}, threads, 0}};
+}
+
 // Quantized types: a thread per run of 16 elements; float types (block_size 1): a thread per element.
 inline Plan<DequantizeArgs> plan_dequantize(const std::string& type_name, uint32_t block_size, const std::string& dtype,
                                             uint64_t n_blocks) {
