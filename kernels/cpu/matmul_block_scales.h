@@ -1,6 +1,7 @@
 // The chunk scales and offsets of 256-element blocks as 16-lane float vectors (ChunkScales and the vector forms
 // of the K-quants and IQ4_XS, chosen by ScalesOf): what the portable, AVX2 and AVX-512 row dots scale with.
 #pragma once
+#include <cstddef>
 #include <cstring>
 
 #include "kernels/cpu/matmul_common.h"
@@ -111,12 +112,16 @@ struct Q3KScales : ChunkScales<GGML_EXT_BLOCK_FORMAT(q3_k, 256)> {
 // Lane c (chunk c, sub-block c / 2) as stored (plus 32): the low nibble of scales_l[c / 4] (its high nibble for
 // odd sub-blocks), and bits 2 (c / 2 % 4) of scales_h's byte c / 8 as bits 4-5.
 inline __attribute__((always_inline)) vu8x16 iq4xs_scale_bytes(const block_iq4_xs* b) {
-  // The 6 scale bytes only (scales_h, scales_l): bytes 6..15 of the vector are never selected.
-  vu8x16 v{};
-  std::memcpy(&v, &b->scales_h, sizeof(b->scales_h) + sizeof(b->scales_l));
-  const vu8x16 low_idx = {2, 2, 2, 2, 3, 3, 3, 3, 4, 4, 4, 4, 5, 5, 5, 5};
+  // The block's first 8 bytes (d, scales_h, scales_l) in one 64-bit load, rather than a 6-byte copy of the scales
+  // into a zeroed vector. Bytes 0, 1 and 8..15 of the vector are never selected.
+  typedef uint64_t vu64x2 __attribute__((vector_size(16)));
+  uint64_t head;
+  std::memcpy(&head, b, sizeof head);
+  static_assert(offsetof(block_iq4_xs, scales_h) == 2 && offsetof(block_iq4_xs, scales_l) == 4, "iq4_xs head");
+  const vu8x16 v = (vu8x16)vu64x2{head, 0};
+  const vu8x16 low_idx = {4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7};
   const vu8x16 even_sub = {15, 15, 0, 0, 15, 15, 0, 0, 15, 15, 0, 0, 15, 15, 0, 0};
-  const vu8x16 high_idx = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1};
+  const vu8x16 high_idx = {2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3};
   const vu8x16 h0 = {3, 3, 0, 0, 0, 0, 0, 0, 3, 3, 0, 0, 0, 0, 0, 0};  // sub-block % 4 == 0: bits 0-1
   const vu8x16 h1 = shuffle_bytes(h0, vu8x16{2, 2, 0, 1, 2, 2, 2, 2, 2, 2, 8, 9, 2, 2, 2, 2});
   const vu8x16 h2 = shuffle_bytes(h0, vu8x16{2, 2, 2, 2, 0, 1, 2, 2, 2, 2, 2, 2, 8, 9, 2, 2});

@@ -32,11 +32,17 @@ struct HalfCodes {
   __m256i table = _mm256_broadcastsi128_si256((__m128i)Form::table());
   ChunkCodes<Q, kOffset> chunks;
 
-  // The bytes at `offset` (and `offset + 16`) shifted right per chunk: elements in the low bits.
+  // The bytes at `offset` (and `offset + 16`) shifted right per chunk: elements in the low bits (the callers mask
+  // off what the shift brings in from the next byte).
   template <int Offset0, int Shift0, int Offset1, int Shift1>
   static inline __attribute__((always_inline)) __m256i window(const uint8_t* base) {
     if constexpr (Offset1 == Offset0 + 16 && Shift0 == Shift1) {
       return _mm256_srli_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + Offset0)), Shift0);
+    } else if constexpr (Offset1 == Offset0) {
+      // Both chunks in the same 16 bytes (the low and high nibbles of Q4_0, IQ4_NL, IQ4_XS, ...): the bytes
+      // broadcast to both halves by the load, and one shift by lane, instead of a shift and an insert.
+      const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(base + Offset0)));
+      return _mm256_srlv_epi32(v, _mm256_setr_epi32(Shift0, Shift0, Shift0, Shift0, Shift1, Shift1, Shift1, Shift1));
     } else {
       const __m128i v0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(base + Offset0));
       const __m128i v1 = Offset1 == Offset0 ? v0 : _mm_loadu_si128(reinterpret_cast<const __m128i*>(base + Offset1));

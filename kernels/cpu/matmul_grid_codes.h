@@ -63,14 +63,16 @@ struct IntChunkScales<StagedFormat> : IntChunkScalesBase {
 
 // ---------------------------------------------------------------------------------------------------
 // Byte tables of the grids: entry e's values as consecutive bytes (IQ2: 8 values {8, 25, 43}; IQ1: 8 values
-// times 8, {-8, 0, 8}; IQ3: 4 values), and ggml's ksigns (7 stored sign bits and their parity bit) for 128 codes.
+// times 8, {-8, 0, 8}; IQ3: 4 values), and ggml's ksigns (7 stored sign bits and their parity bit) for 128 codes
+// as 8 byte masks each (0xFF where the element is negative): a 7-bit sign field is one table load, where
+// spreading the ksigns byte's bits over the lanes took a dozen scalar and vector steps per 32 codes.
 // Made on first use by the variant that runs (a static initializer of the AVX-512 objects would run anywhere).
 // ---------------------------------------------------------------------------------------------------
 struct GridBytes {
   uint64_t iq2xxs[GGML_EXT_IQ2XXS_GRID_SIZE], iq2xs[GGML_EXT_IQ2XS_GRID_SIZE], iq2s[GGML_EXT_IQ2S_GRID_SIZE];
   uint64_t iq1s[GGML_EXT_IQ1S_GRID_SIZE];
   uint32_t iq3xxs[GGML_EXT_IQ3XXS_GRID_SIZE], iq3s[GGML_EXT_IQ3S_GRID_SIZE];
-  uint8_t ksigns[128];
+  uint64_t sign_masks[128];
 };
 
 template <class Word, int kValues, class Value>
@@ -95,7 +97,11 @@ inline const GridBytes& grid_bytes() {
                                  [](uint32_t w, int j) { return ggml_ext_iq3xxs_grid_value(w, j); });
     fill_grid_bytes<uint32_t, 4>(t.iq3s, GGML_EXT_GRID(iq3s), GGML_EXT_IQ3S_GRID_SIZE,
                                  [](uint32_t w, int j) { return ggml_ext_iq3s_grid_value(w, j); });
-    for (uint32_t s = 0; s < 128; ++s) t.ksigns[s] = static_cast<uint8_t>(ggml_ext_iq_ksigns(s));
+    for (uint32_t s = 0; s < 128; ++s) {
+      const uint32_t bits = ggml_ext_iq_ksigns(s);
+      t.sign_masks[s] = 0;
+      for (int j = 0; j < 8; ++j) t.sign_masks[s] |= static_cast<uint64_t>((bits >> j) & 1 ? 0xFF : 0) << (8 * j);
+    }
     return t;
   }();
   return tables;
@@ -109,6 +115,7 @@ typedef int8_t vi8x32 __attribute__((vector_size(32)));
 typedef uint8_t vu8x32 __attribute__((vector_size(32)));
 typedef uint32_t vu32x8 __attribute__((vector_size(32)));
 typedef uint64_t vu64x4 __attribute__((vector_size(32)));
+typedef uint32_t vu32x4 __attribute__((vector_size(16)));
 
 inline __attribute__((always_inline)) vi8x32 entries8(uint64_t e0, uint64_t e1, uint64_t e2, uint64_t e3) {
   return (vi8x32)vu64x4{e0, e1, e2, e3};
@@ -130,13 +137,15 @@ inline __attribute__((always_inline)) vi8x32 signed32(vi8x32 v, uint32_t signs) 
   const vi8x32 negative = lane_bits(signs);
   return (v ^ negative) - negative;
 }
-inline __attribute__((always_inline)) uint32_t four_bytes(uint32_t b0, uint32_t b1, uint32_t b2, uint32_t b3) {
-  return b0 | (b1 << 8) | (b2 << 16) | (b3 << 24);
+// The values with the signs of four 7-bit sign fields (one per group of 8 values) applied.
+inline __attribute__((always_inline)) vi8x32 signed_by_fields(vi8x32 v, uint32_t f0, uint32_t f1, uint32_t f2,
+                                                              uint32_t f3, const GridBytes& t) {
+  const vi8x32 negative = entries8(t.sign_masks[f0], t.sign_masks[f1], t.sign_masks[f2], t.sign_masks[f3]);
+  return (v ^ negative) - negative;
 }
-// ksigns of the four 7-bit fields of an IQ2_XXS / IQ3_XXS sub-block word, one byte per group.
-inline __attribute__((always_inline)) uint32_t ksigns4(uint32_t aux, const GridBytes& t) {
-  return four_bytes(t.ksigns[aux & 127], t.ksigns[(aux >> 7) & 127], t.ksigns[(aux >> 14) & 127],
-                    t.ksigns[(aux >> 21) & 127]);
+// The same for the four fields of an IQ2_XXS / IQ3_XXS sub-block word (bits 0..27).
+inline __attribute__((always_inline)) vi8x32 signed_by_word(vi8x32 v, uint32_t aux, const GridBytes& t) {
+  return signed_by_fields(v, aux & 127, (aux >> 7) & 127, (aux >> 14) & 127, (aux >> 21) & 127, t);
 }
 inline __attribute__((always_inline)) void put32(StagedBlock* s, int sub_block, vi8x32 codes) {
   std::memcpy(s->qs + 32 * sub_block, &codes, sizeof codes);
@@ -163,9 +172,9 @@ inline __attribute__((always_inline)) void stage_block(const block_iq2_xxs* b, S
     const uint32_t idx = b->qs[4 * ib] | (static_cast<uint32_t>(b->qs[4 * ib + 1]) << 16);
     const uint32_t aux = b->qs[4 * ib + 2] | (static_cast<uint32_t>(b->qs[4 * ib + 3]) << 16);
     s->scales[2 * ib] = s->scales[2 * ib + 1] = odd_scale(aux >> 28);
-    put32(s, ib, signed32(entries8(t.iq2xxs[idx & 255], t.iq2xxs[(idx >> 8) & 255], t.iq2xxs[(idx >> 16) & 255],
-                                   t.iq2xxs[idx >> 24]),
-                          ksigns4(aux, t)));
+    put32(s, ib, signed_by_word(entries8(t.iq2xxs[idx & 255], t.iq2xxs[(idx >> 8) & 255],
+                                         t.iq2xxs[(idx >> 16) & 255], t.iq2xxs[idx >> 24]),
+                                aux, t));
   }
 }
 
@@ -174,9 +183,9 @@ inline __attribute__((always_inline)) void stage_block(const block_iq2_xs* b, St
   for (int ib = 0; ib < 8; ++ib) {
     nibble_scales(s, ib, b->scales[ib]);
     const uint16_t* q = b->qs + 4 * ib;
-    put32(s, ib, signed32(entries8(t.iq2xs[q[0] & 511], t.iq2xs[q[1] & 511], t.iq2xs[q[2] & 511], t.iq2xs[q[3] & 511]),
-                          four_bytes(t.ksigns[q[0] >> 9], t.ksigns[q[1] >> 9], t.ksigns[q[2] >> 9],
-                                     t.ksigns[q[3] >> 9])));
+    put32(s, ib, signed_by_fields(entries8(t.iq2xs[q[0] & 511], t.iq2xs[q[1] & 511], t.iq2xs[q[2] & 511],
+                                           t.iq2xs[q[3] & 511]),
+                                  q[0] >> 9, q[1] >> 9, q[2] >> 9, q[3] >> 9, t));
   }
 }
 
@@ -200,7 +209,7 @@ inline __attribute__((always_inline)) void stage_block(const block_iq3_xxs* b, S
     const uint8_t* q = b->qs + 8 * ib;
     const vu32x8 v = {t.iq3xxs[q[0]], t.iq3xxs[q[1]], t.iq3xxs[q[2]], t.iq3xxs[q[3]],
                       t.iq3xxs[q[4]], t.iq3xxs[q[5]], t.iq3xxs[q[6]], t.iq3xxs[q[7]]};
-    put32(s, ib, signed32((vi8x32)v, ksigns4(aux, t)));
+    put32(s, ib, signed_by_word((vi8x32)v, aux, t));
   }
 }
 
@@ -231,43 +240,69 @@ inline __attribute__((always_inline)) void stage_block(const block_iq1_s* b, Sta
   }
 }
 
+// IQ1_M: the 3-bit fields of a 12-bit scale word, one per byte (byte k: bits 3k .. 3k + 2).
+inline __attribute__((always_inline)) uint32_t spread3(uint32_t w) {
+  return (w & 7u) | ((w & 0x38u) << 5) | ((w & 0x1C0u) << 10) | ((w & 0xE00u) << 15);
+}
 inline __attribute__((always_inline)) void stage_block(const block_iq1_m* b, StagedBlock* s, const GridBytes& t) {
   uint32_t words[4];
   for (int k = 0; k < 4; ++k) words[k] = ggml_ext_iq1m_scale_word(b, k);
   const uint32_t d_bits = (words[0] >> 12) | ((words[1] >> 8) & 0xF0u) | ((words[2] >> 4) & 0xF00u) |
                           (words[3] & 0xF000u);
   s->d = GGML_EXT_HALF_TO_FLOAT(static_cast<uint16_t>(d_bits)) * 0.125f;
-  for (int c = 0; c < 16; ++c) s->scales[c] = odd_scale((words[c >> 2] >> (3 * (c & 3))) & 7);
+  for (int k = 0; k < 4; ++k) {
+    const uint32_t odd = 2 * spread3(words[k]) + 0x01010101u;  // 2s + 1 in each byte: no carries (s <= 7)
+    std::memcpy(s->scales + 4 * k, &odd, sizeof odd);
+  }
+  // The delta's sign of group g: bit 3 (g even) or 7 (g odd) of qh byte g / 2, tested in the group's lanes.
+  const vu8x32 delta_bit = {8,   8,   8,   8,   8,   8,   8,   8,   128, 128, 128, 128, 128, 128, 128, 128,
+                            8,   8,   8,   8,   8,   8,   8,   8,   128, 128, 128, 128, 128, 128, 128, 128};
   for (int ib = 0; ib < 8; ++ib) {
     // groups 4ib .. 4ib + 3: a nibble each (3 index bits, the delta's sign in bit 3)
     const uint32_t lo = b->qh[2 * ib], hi = b->qh[2 * ib + 1];
     const uint8_t* q = b->qs + 4 * ib;
     const vi8x32 grid = entries8(t.iq1s[q[0] | ((lo & 7) << 8)], t.iq1s[q[1] | ((lo & 0x70) << 4)],
                                  t.iq1s[q[2] | ((hi & 7) << 8)], t.iq1s[q[3] | ((hi & 0x70) << 4)]);
-    const vi8x32 negative = lane_bits((four_bytes(lo & 8, (lo >> 4) & 8, hi & 8, (hi >> 4) & 8) >> 3) * 0xFFu);
+    const vu8x32 pair = (vu8x32)(vu32x8{} + (lo | (hi << 8)));
+    const vu8x32 bytes = __builtin_shufflevector(pair, pair, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1,
+                                                 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1);
+    const vi8x32 negative = (vi8x32)((bytes & delta_bit) == delta_bit);
     put32(s, ib, grid + 1 + (negative + negative));  // +1, or -1 in the negative delta's groups
   }
 }
 
-// TQ1_0: base-3 digits minus 1, d per block. 16 bytes times their lanes' powers of 3 (mod 256), times 3, over 256.
+// TQ1_0: base-3 digits minus 1, d per block. Digit k of a byte q is (3 (q 3^k mod 256)) >> 8: 0, 1 or 2 as
+// y = q 3^k mod 256 is below 86, below 171 or not. 32 bytes at a time: y from 16-bit products (each lane's low
+// byte from the whole lane's product, its high byte from the high byte's), the digit from two byte compares,
+// without widening 16 bytes at a time to 16-bit lanes and narrowing them back.
 typedef uint16_t vu16x16 __attribute__((vector_size(32)));
-inline __attribute__((always_inline)) vi8x16 ternary16(vu8x16 bytes, vu16x16 pow3) {
-  const vu16x16 digits = (((__builtin_convertvector(bytes, vu16x16) * pow3) & 0xFF) * 3) >> 8;
-  return (vi8x16)__builtin_convertvector(digits, vu8x16) - 1;
+inline __attribute__((always_inline)) vi8x32 ternary32(vu8x32 bytes, vu16x16 pow3) {
+  const vu16x16 w = (vu16x16)bytes;
+  const vu8x32 y = (vu8x32)(((w * pow3) & 0x00FF) | (((w & 0xFF00) * pow3) & 0xFF00));
+  const vi8x32 past1 = (vi8x32)(y >= 86), past2 = (vi8x32)(y >= 171);  // -1 where true
+  return ~past1 - past2;  // -1 + (digit >= 1) + (digit >= 2)
 }
-inline __attribute__((always_inline)) void put16(StagedBlock* s, int chunk, vi8x16 codes) {
-  std::memcpy(s->qs + 16 * chunk, &codes, sizeof codes);
+inline __attribute__((always_inline)) vu16x16 halves(uint16_t low, uint16_t high) {
+  return vu16x16{low, low, low, low, low, low, low, low, high, high, high, high, high, high, high, high};
 }
 inline __attribute__((always_inline)) void stage_block(const block_tq1_0* b, StagedBlock* s, const GridBytes&) {
   s->d = GGML_EXT_HALF_TO_FLOAT(b->d);
   std::memset(s->scales, 1, sizeof s->scales);
+  // elements 0..159: qs[j % 32], digit j / 32
+  const vu8x32 head = load_vec<vu8x32>(b->qs);
   constexpr uint16_t kPow3[5] = {1, 3, 9, 27, 81};
-  for (int c = 0; c < 10; ++c) put16(s, c, ternary16(load16(b->qs + 16 * (c & 1)), vu16x16{} + kPow3[c >> 1]));
-  for (int c = 10; c < 15; ++c) put16(s, c, ternary16(load16(b->qs + 32), vu16x16{} + kPow3[c - 10]));
-  // elements 240..255: qh[j % 4], digit j / 4
-  const vu8x16 qh = {b->qh[0], b->qh[1], b->qh[2], b->qh[3], b->qh[0], b->qh[1], b->qh[2], b->qh[3],
-                     b->qh[0], b->qh[1], b->qh[2], b->qh[3], b->qh[0], b->qh[1], b->qh[2], b->qh[3]};
-  put16(s, 15, ternary16(qh, vu16x16{1, 1, 1, 1, 3, 3, 3, 3, 9, 9, 9, 9, 27, 27, 27, 27}));
+#pragma GCC unroll 5
+  for (int ib = 0; ib < 5; ++ib) put32(s, ib, ternary32(head, vu16x16{} + kPow3[ib]));
+  // elements 160..239: qs[32 + j % 16], digit j / 16; elements 240..255: qh[j % 4], digit j / 4
+  const vu8x16 tail = load16(b->qs + 32);
+  const vu8x32 tail2 = __builtin_shufflevector(tail, tail, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1,
+                                               2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  put32(s, 5, ternary32(tail2, halves(1, 3)));
+  put32(s, 6, ternary32(tail2, halves(9, 27)));
+  const vu8x16 qh = (vu8x16)(vu32x4{} + load_u32(b->qh));  // qh[j % 4] in lane j
+  const vu8x32 last = __builtin_shufflevector(tail, qh, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17,
+                                              18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31);
+  put32(s, 7, ternary32(last, vu16x16{81, 81, 81, 81, 81, 81, 81, 81, 1, 1, 3, 3, 9, 9, 27, 27}));
 }
 
 // A grid type as the matmul drivers see it: its packed blocks, which the row dots read as StagedFormat once
