@@ -36,7 +36,7 @@
 // matmul_decode_tensor_cores.cuh (the fragment kernels), matmul_decode_float.cuh (float weights); here the
 // plans: which kernel takes which product, and their launch shapes. matmul_decode.cu picks the plan by type;
 // the formats' plans are instantiated in three translation units (matmul_decode_blocks32.cu, _superblocks.cu,
-// _decoded.cu: about 300 kernels each) so that the compiler takes them in parallel.
+// _decoded.cu; not equal in size: the grid types have no fragment kernels) so that nvcc takes them in parallel.
 #pragma once
 #include <type_traits>
 #if defined(GGML_EXT_TUNING)
