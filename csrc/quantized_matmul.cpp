@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 
 #include "csrc/dequantize.h"
@@ -40,23 +41,44 @@ int64_t dense_rows() {
   return rows == 0 ? std::numeric_limits<int64_t>::max() : rows;
 }
 
+// Float32 x on the dense route (MLX_GGML_EXT_CUDA_DENSE_FLOAT32=1, read once; default off): the forward
+// product without precise_x, x and the dequantized weight in bfloat16 (as the tensor-core tiles round them),
+// MLX's bfloat16 matmul, the result cast back to float32 (so it is also rounded to bfloat16 once).
+bool dense_float32() {
+  static const bool on = [] {
+    const char* v = std::getenv("MLX_GGML_EXT_CUDA_DENSE_FLOAT32");
+    if (!v || !*v || std::strcmp(v, "0") == 0) return false;
+    if (std::strcmp(v, "1") == 0) return true;
+    throw std::invalid_argument(cat("[", kOp, "] MLX_GGML_EXT_CUDA_DENSE_FLOAT32 must be 0 or 1, got '", v, "'."));
+  }();
+  return on;
+}
+
 // Whether the product of x (rows of K) with the weight w (A3, A2, N, row_bytes) takes the dense route.
-bool takes_dense_route(const mx::array& x, const mx::array& w, mx::Dtype out_dtype, const mx::Stream& stream) {
+bool takes_dense_route(const mx::array& x, const mx::array& w, int type, bool transpose, mx::Dtype out_dtype,
+                       bool precise_x, const mx::Stream& stream) {
 #if defined(MLX_GGML_EXT_BACKEND_CUDA)
   if (stream.device != mx::Device::gpu || out_dtype != x.dtype()) return false;
-  if (x.dtype() != mx::float16 && x.dtype() != mx::bfloat16) return false;
+  const bool half_x = x.dtype() == mx::float16 || x.dtype() == mx::bfloat16;
+  const bool quantized = type != GGML_EXT_TYPE_F32 && type != GGML_EXT_TYPE_F16 && type != GGML_EXT_TYPE_BF16;
+  const bool float32_x = x.dtype() == mx::float32 && quantized && !transpose && !precise_x && dense_float32();
+  if (!half_x && !float32_x) return false;
   const bool one_matrix = w.shape(0) * w.shape(1) == 1;
   const int64_t rows = one_matrix ? static_cast<int64_t>(x.size()) / std::max(1, x.shape(-1)) : x.shape(2);
   return rows >= dense_rows();
 #else
-  (void)x, (void)w, (void)out_dtype, (void)stream;
+  (void)x, (void)w, (void)type, (void)transpose, (void)out_dtype, (void)precise_x, (void)stream;
   return false;
 #endif
 }
 
 // The dense route: x (..., Kx) against one matrix, or x (B3, B2, M, Kx) against w's batches with ggml's
 // broadcasting (b batch i uses a batch i / ratio, so B3 splits as (A3, B3 / A3), and B2 likewise).
-mx::array dense_product(const mx::array& x, const mx::array& w, int type, bool transpose, const mx::Stream& s) {
+mx::array dense_product(const mx::array& x_in, const mx::array& w, int type, bool transpose, const mx::Stream& s) {
+  if (x_in.dtype() == mx::float32) {
+    return mx::astype(dense_product(mx::astype(x_in, mx::bfloat16, s), w, type, transpose, s), mx::float32, s);
+  }
+  const mx::array& x = x_in;
   const int64_t A3 = w.shape(0), A2 = w.shape(1), N = w.shape(2);
   const int K = static_cast<int>(row_elements(type, w.shape(3)));
   const mx::array deq = dequantize(w, type, {static_cast<int>(A3), static_cast<int>(A2), static_cast<int>(N), K},
@@ -77,7 +99,9 @@ mx::array dense_product(const mx::array& x, const mx::array& w, int type, bool t
 mx::array product_node(const mx::array& x, const mx::array& w, int type, bool transpose, mx::Dtype out_dtype,
                        mx::StreamOrDevice s, bool precise_x = false) {
   auto stream = mx::to_stream(s);
-  if (takes_dense_route(x, w, out_dtype, stream)) return dense_product(x, w, type, transpose, stream);
+  if (takes_dense_route(x, w, type, transpose, out_dtype, precise_x, stream)) {
+    return dense_product(x, w, type, transpose, stream);
+  }
   auto prim = std::make_shared<QuantizedMatmul>(stream, type, transpose, out_dtype, precise_x && !transpose);
   std::vector<mx::array> inputs = {kernel_input(x, stream), row_contiguous(w, stream)};
   auto shape = prim->output_shapes(inputs)[0];
