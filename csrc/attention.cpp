@@ -7,7 +7,7 @@ namespace mlx_ggml_ext {
 namespace {
 
 constexpr const char* kOp = "attention";
-constexpr int kMaxCudaHeadDim = 512;  // kernels/cuda/attention.cu's shared-memory tiles
+constexpr int kMaxCudaHeadDim = Attention::kMaxCudaHeadDim;
 
 // inputs: q, k, v, then the mask and the sinks where given (has_sinks says whether the last one is the sinks).
 mx::array attention_node(const std::vector<mx::array>& inputs, float scale, float softcap, bool causal,

@@ -19,6 +19,10 @@ mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, 
 // row-contiguous), then optionally the sinks as float32, row-contiguous: (Hq,), or (B, Hq) under vmap.
 class Attention : public mx::UnaryPrimitive {
  public:
+  // The head dims the CUDA kernel takes (its shared-memory tiles; kernels/cuda/kernels.h's kAttentionMaxHeadDim,
+  // which the CUDA glue asserts equal): checked where the graph is built, in builds without the CUDA headers too.
+  static constexpr int kMaxCudaHeadDim = 512;
+
   Attention(mx::Stream stream, float scale, float softcap, bool causal, bool has_sinks)
       : mx::UnaryPrimitive(stream), scale_(scale), softcap_(softcap), causal_(causal), has_sinks_(has_sinks) {}
 

@@ -8,6 +8,7 @@
 namespace mlx_ggml_ext {
 
 namespace kc = ggml_ext::cuda;
+static_assert(Attention::kMaxCudaHeadDim == kc::kAttentionMaxHeadDim, "the graph-time check and the kernel agree");
 
 void GLU::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
   // Inputs row-contiguous (the op inserted the copies); an unfused gate has out's size and may be donated.
