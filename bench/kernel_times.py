@@ -40,7 +40,7 @@ def all_cases():
     import mlx.core as mx
     import numpy as np
 
-    from mlx_ggml_ext import GGMLType, ops, reference
+    from mlx_ggml_ext import GGMLTensor, GGMLType, ops, reference
 
     import os
 
@@ -118,6 +118,19 @@ def all_cases():
         x512 = mx.random.normal((512, k)).astype(mx.float16)
         mx.eval(x512)
         out.append((f"mlx fp16 matmul {n}x{k} m=512", 2 * 512 * n * k, lambda x512=x512, w16=w16: x512 @ w16.T))
+    # mul_mat_id on qwen3-30b-a3b's experts (128 of 768 x 2048, 8 used per token, x float32 as test-backend-ops
+    # has it) at 1, 8 and 512 tokens: KERNEL_TIMES_MMID=1
+    if os.environ.get("KERNEL_TIMES_MMID") == "1":
+        for t in types:
+            experts = GGMLTensor(mx.array(reference.random_blocks(rng, t.name, 128 * 768, 2048)), t, (128, 768, 2048))
+            mx.eval(experts.data)
+            for tokens in (1, 8, 512):
+                ids = mx.array(np.stack([rng.permutation(128)[:8] for _ in range(tokens)]).astype(np.int32))
+                xt = mx.random.normal((tokens, 1, 2048))
+                mx.eval(ids, xt)
+                moved = experts.data.nbytes * min(128, 8 * tokens) // 128 if tokens <= 8 else 2 * tokens * 8 * 768 * 2048
+                out.append((f"mul_mat_id {t.name} 128x768x2048 tokens={tokens}" + (" m=512" if tokens > 8 else ""),
+                            moved, lambda xt=xt, experts=experts, ids=ids, t=t: ops.mul_mat_id(experts, xt, ids)))
     out.append(copy_case())
     return out
 
