@@ -21,10 +21,10 @@ int64_t row_elements(int type, int64_t row_bytes) {
   return row_bytes / info.type_size * info.block_size;
 }
 
-// The CUDA dense route: from this many rows of float16/bfloat16 x per weight matrix on (past the decode kernels'
-// 8), the product is our dequantize kernel (the weight in x's dtype: a temporary of N x K elements, freed after
-// the product) followed by MLX's own matmul (cuBLAS), as llama.cpp's cuBLAS path does. The primitive's tensor-core
-// tiles keep float32 x, mul_mat's float32 results and MLX_GGML_EXT_CUDA_DENSE_ROWS=0 (no temporary). H200, ncu
+// The CUDA dense route: from this many rows of x per weight matrix on (past the decode kernels' 8), the product
+// is our dequantize kernel (the weight in x's dtype, bfloat16 for float32 x: a temporary of N x K elements, freed
+// after the product) followed by MLX's own matmul (cuBLAS), as llama.cpp's cuBLAS path does. The primitive's own
+// kernels keep precise_x, mul_mat's float32 results of half x and MLX_GGML_EXT_CUDA_DENSE_ROWS=0 (no temporary). H200, ncu
 // kernel times (bench/results/h200-2026-11-25y-kernel-times.json), Q4_0 on 14336x4096 / 4096x14336: m=16 76 / 79
 // us against the tiles' 102 / 351, m=512 139 / 128 against 430 / 477 (MLX's float16 matmul alone: 95 / 83).
 constexpr int64_t kDenseRows = 9;
@@ -41,14 +41,18 @@ int64_t dense_rows() {
   return rows == 0 ? std::numeric_limits<int64_t>::max() : rows;
 }
 
-// Float32 x on the dense route (MLX_GGML_EXT_CUDA_DENSE_FLOAT32=1, read once; default off): the forward
-// product without precise_x, x and the dequantized weight in bfloat16 (as the tensor-core tiles round them),
-// MLX's bfloat16 matmul, the result cast back to float32 (so it is also rounded to bfloat16 once).
+// Float32 x on the dense route too (MLX_GGML_EXT_CUDA_DENSE_FLOAT32=0 turns it off; read once): the forward product
+// without precise_x, x and the dequantized weight in bfloat16 (as the tensor-core tiles round them), MLX's
+// bfloat16 matmul with float32 sums, the result cast back to float32 (so also rounded to bfloat16 once). H200,
+// Llama-1B-shaped models with float32 activations, prefill 512 tok/s, 2 alternated rounds: Q4_0 38.7k / 35.1k
+// against the int8 tiles' 27.9k / 28.5k and the bfloat16 tiles' 20.9k / 20.0k; Q4_K 32.7k / 45.2k against
+// 26.9k / 28.4k and 22.5k / 22.2k. Kernel-only at 4096x14336, 512 rows (float16 x): dequantize + cuBLAS
+// 128-132 us, the int8 tiles 456-503 us.
 bool dense_float32() {
   static const bool on = [] {
     const char* v = std::getenv("MLX_GGML_EXT_CUDA_DENSE_FLOAT32");
-    if (!v || !*v || std::strcmp(v, "0") == 0) return false;
-    if (std::strcmp(v, "1") == 0) return true;
+    if (!v || !*v || std::strcmp(v, "1") == 0) return true;
+    if (std::strcmp(v, "0") == 0) return false;
     throw std::invalid_argument(cat("[", kOp, "] MLX_GGML_EXT_CUDA_DENSE_FLOAT32 must be 0 or 1, got '", v, "'."));
   }();
   return on;
