@@ -123,6 +123,7 @@ def compiled_kernels(out):
     kernels.emulated_selftest.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]  # pointers as addresses
     # A call with an argument too few would read garbage for it: ctypes counts them where argtypes are declared.
     kernels.emulated_quantized_matmul.argtypes = [QuantizedMatmulArgs] + [ctypes.c_int] * 4
+    kernels.emulated_quantized_matmul_takes_int8_tiles.argtypes = [QuantizedMatmulArgs] + [ctypes.c_int] * 4
     return kernels
 
 
