@@ -133,6 +133,23 @@ const TypeInfo kTypes[] = {
 #undef GGML_EXT_TYPE_INFO
 };
 
+const TypeInfo& type_named(const char* name) {
+  for (const auto& info : kTypes)
+    if (std::strcmp(info.name, name) == 0) return info;
+  std::fprintf(stderr, "no type %s\n", name);
+  std::exit(1);
+}
+
+// Enough copies of a weight of `bytes` bytes (>= 256 MB together) that each product reads its own from DRAM.
+std::vector<uint8_t*> weight_copies(int64_t bytes) {
+  std::vector<uint8_t*> w(static_cast<size_t>((size_t{256} << 20) / bytes + 1));
+  for (size_t c = 0; c < w.size(); ++c) {
+    CHECK(cudaMalloc(&w[c], bytes));
+    fill_kernel<<<1024, 256>>>(w[c], bytes, 17u * static_cast<uint32_t>(c) + 1);
+  }
+  return w;
+}
+
 }  // namespace
 
 // The plan's result for m rows of x against float64 math on the weight dequantized with ggml_blocks.h's
@@ -235,18 +252,12 @@ int prefill(const std::string& filter) {
   for (const auto& shape : shapes)
     for (const char* tname : {"Q4_0", "Q4_K", "Q8_0", "Q6_K", "Q5_K"}) {
       const int64_t n = shape[0], k = shape[1];
-      const TypeInfo* t = nullptr;
-      for (const auto& info : kTypes)
-        if (std::strcmp(info.name, tname) == 0) t = &info;
+      const TypeInfo* t = &type_named(tname);
       const std::string name = std::string(tname) + " " + std::to_string(n) + "x" + std::to_string(k) + " m=512";
       if (name.find(filter) == std::string::npos) continue;
       const int64_t row_bytes = k / t->qk * t->bytes, bytes = n * row_bytes;
-      const int copies = static_cast<int>((size_t{256} << 20) / bytes + 1);
-      std::vector<uint8_t*> w(copies);
-      for (int c = 0; c < copies; ++c) {
-        CHECK(cudaMalloc(&w[c], bytes));
-        fill_kernel<<<1024, 256>>>(w[c], bytes, 17u * c + 1);
-      }
+      const std::vector<uint8_t*> w = weight_copies(bytes);
+      const int copies = static_cast<int>(w.size());
       __half* x;
       __half* y;
       CHECK(cudaMalloc(&x, m * k * sizeof(__half)));
@@ -299,16 +310,10 @@ int main(int argc, char** argv) {
   for (const auto& shape : shapes) {
     const int64_t n = shape[0], k = shape[1];
     for (const char* tname : bench_types) {
-      const TypeInfo* t = nullptr;
-      for (const auto& info : kTypes)
-        if (std::strcmp(info.name, tname) == 0) t = &info;
+      const TypeInfo* t = &type_named(tname);
       const int64_t row_bytes = k / t->qk * t->bytes, bytes = n * row_bytes;
-      const int copies = static_cast<int>((size_t{256} << 20) / bytes + 1);
-      std::vector<uint8_t*> w(copies);
-      for (int c = 0; c < copies; ++c) {
-        CHECK(cudaMalloc(&w[c], bytes));
-        fill_kernel<<<1024, 256>>>(w[c], bytes, 17u * c + 1);
-      }
+      const std::vector<uint8_t*> w = weight_copies(bytes);
+      const int copies = static_cast<int>(w.size());
       uint8_t* dst;
       CHECK(cudaMalloc(&dst, bytes));
       const std::string shape_name = std::to_string(n) + "x" + std::to_string(k);

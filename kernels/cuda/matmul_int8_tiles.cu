@@ -20,7 +20,11 @@
 // The grid walks x's tiles fastest (blockIdx.x), so the blocks sharing a weight tile run together and read it
 // from L2.
 // Error: x's codes are the decode route's (ggml's Q8_0 with a float32 scale), so the result is as accurate as the
-// decode kernels' and ggml's own GPU scheme (x as 8-bit codes per 32 elements); the sums are float32.
+// decode kernels' and ggml's own GPU scheme (x as 8-bit codes per 32 elements); the sums are float32. Host
+// emulation, NMSE against float64: 2.5e-5 to 2.9e-5 on normal x (Q4_0, Q8_0, Q4_K, Q6_K), 5.7e-5 to 1.0e-4 with
+// outliers (every format), where ggml's CPU scheme gives 7.3e-5 (Q8_0) to 4.6e-4 (Q6_K).
+// Registers: 120-128 per thread at two blocks per multiprocessor; ptxas (sm_90) spills 4-28 bytes in the 32-element
+// formats and 120-148 in Q3_K / Q6_K, whose fragment groups hold 4 x-blocks of both rows at once (not measured).
 // Rows must start on 4-byte boundaries (16-byte rows take 16-byte copies, others 4-byte ones) and k % 32 == 0:
 // quantized_matmul.cu sends the rest, the transposed product and exact float x to the WMMA tiles (matmul_tiles.cu).
 #include <numeric>
