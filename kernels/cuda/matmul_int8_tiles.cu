@@ -24,7 +24,10 @@
 // emulation, NMSE against float64: 2.5e-5 to 2.9e-5 on normal x (Q4_0, Q8_0, Q4_K, Q6_K), 5.7e-5 to 1.0e-4 with
 // outliers (every format), where ggml's CPU scheme gives 7.3e-5 (Q8_0) to 4.6e-4 (Q6_K).
 // Registers: 120-128 per thread at two blocks per multiprocessor; ptxas (sm_90) spills 4-28 bytes in the 32-element
-// formats and 120-148 in Q3_K / Q6_K, whose fragment groups hold 4 x-blocks of both rows at once (not measured).
+// formats and 120-148 in Q3_K / Q6_K, whose fragment groups hold 4 x-blocks of both rows at once; with one block
+// per multiprocessor for those (__launch_bounds__(kI8Threads, F::kPerHalf ? 1 : 2)) they take 179 / 186 registers
+// and spill nothing. Which is faster is not measured; reading their groups twice, 2 x-blocks used per read, spilled
+// more (164-184 bytes: the compiler keeps the first read's words).
 // Rows must start on 4-byte boundaries (16-byte rows take 16-byte copies, others 4-byte ones) and k % 32 == 0:
 // quantized_matmul.cu sends the rest, the transposed product and exact float x to the WMMA tiles (matmul_tiles.cu).
 #include <numeric>
