@@ -9,7 +9,8 @@ import pytest
 
 from harness import nmse
 from test_cuda_emulation import (BF16, F16, F32, NP_TYPES, QuantizedMatmulArgs, assert_no_less_accurate_than_ggml,
-                                 ggml_scheme, kernels, loaded, ptr, stored)  # noqa: F401 (kernels: the fixture)
+                                 ggml_scheme, kernels, loaded, matmul_case, ptr,  # noqa: F401 (kernels: the fixture)
+                                 stored)
 from mlx_ggml_ext import GGMLType, reference
 
 gguf = pytest.importorskip("gguf")
@@ -116,3 +117,11 @@ def test_int8_tiles_non_finite_x(kernels):
     assert kernels.emulated_quantized_matmul(args, int(t), F32, 0, 0) == 0
     assert np.isnan(y[1]).all() and not np.isfinite(y[9]).any()
     assert np.isfinite(np.delete(y, [1, 9], axis=0)).all()
+
+
+def test_int8_tiles_broadcasting(kernels):
+    """ggml's broadcasting: x batches (2, 4) over weight batches (1, 2), against the package's float64 reference
+    decoder (test_cuda_emulation.matmul_case); within the GPU suite's 2e-4 and above float16's rounding alone (x is
+    quantized to int8 here, not left in float16 as the WMMA tiles would)."""
+    got, expected = matmul_case(kernels, GGMLType.Q4_K, F16, 9, False, batch=(2, 4), w_batch=(1, 2), out_f32=True)
+    assert 1e-6 < nmse(got, expected) <= 2e-4
