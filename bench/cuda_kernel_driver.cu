@@ -2,9 +2,12 @@
 // for trying kernel variants on the GPU machine in seconds (no MLX wheel, no extension build there).
 //
 //   nvcc -O3 -std=c++20 --expt-relaxed-constexpr -lineinfo -arch=sm_90 -I. bench/cuda_kernel_driver.cu \
-//        kernels/cuda/quantized_matmul.cu kernels/cuda/matmul_decode*.cu kernels/cuda/matmul_tiles.cu -o driver
+//        kernels/cuda/quantized_matmul.cu kernels/cuda/matmul_decode*.cu kernels/cuda/matmul_tiles.cu \
+//        kernels/cuda/matmul_int8_tiles.cu -o driver
 //   ./driver [filter]      # JSON lines; filter: a substring of the case names
 //   ./driver --check       # each quantized type's plan against float64 math on the dequantized weight (NMSE)
+//   ./driver --prefill [filter]  # m = 512: the int8 tiles (both steps, and the tile kernel alone) against the
+//                                # WMMA tiles (tiles_plan, float16 x) on the same weights in the same run
 //
 // Variant builds: -DGGML_EXT_FRAGMENT_FROM_M=2 routes every format with fragments to the tensor-core kernels from
 // m=2 on (so each is timed at every m); -DGGML_EXT_TUNING lets GGML_EXT_STAGED=<warps><stages> (42, 43, 82, 83,
@@ -27,6 +30,7 @@
 
 #include "kernels/common/ggml_blocks.h"
 #include "kernels/cuda/kernels.h"
+#include "kernels/cuda/matmul_common.cuh"  // tiles_plan, int8_tiles_plan: the prefill A/B
 
 using namespace ggml_ext::cuda;
 
@@ -129,6 +133,23 @@ const TypeInfo kTypes[] = {
 #undef GGML_EXT_TYPE_INFO
 };
 
+const TypeInfo& type_named(const char* name) {
+  for (const auto& info : kTypes)
+    if (std::strcmp(info.name, name) == 0) return info;
+  std::fprintf(stderr, "no type %s\n", name);
+  std::exit(1);
+}
+
+// Enough copies of a weight of `bytes` bytes (>= 256 MB together) that each product reads its own from DRAM.
+std::vector<uint8_t*> weight_copies(int64_t bytes) {
+  std::vector<uint8_t*> w(static_cast<size_t>((size_t{256} << 20) / bytes + 1));
+  for (size_t c = 0; c < w.size(); ++c) {
+    CHECK(cudaMalloc(&w[c], bytes));
+    fill_kernel<<<1024, 256>>>(w[c], bytes, 17u * static_cast<uint32_t>(c) + 1);
+  }
+  return w;
+}
+
 }  // namespace
 
 // The plan's result for m rows of x against float64 math on the weight dequantized with ggml_blocks.h's
@@ -212,12 +233,68 @@ int check_all() {
         std::printf("{\"check\": \"%s %lldx%lld m=%d\", \"nmse\": %.3e, \"ok\": %s}\n", t.name,
                     static_cast<long long>(shape[0]), static_cast<long long>(shape[1]), m, e, ok ? "true" : "false");
       }
+  for (const auto& t : kTypes) {  // m > 8: the int8 tiles where the format has fragments, else the WMMA tiles
+    const double e = check_case(t, 1000, 768, 40);
+    const bool ok = e <= 5e-4;
+    failures += !ok;
+    std::printf("{\"check\": \"%s 1000x768 m=40\", \"nmse\": %.3e, \"ok\": %s}\n", t.name, e, ok ? "true" : "false");
+  }
   std::printf("{\"check_failures\": %d}\n", failures);
   return failures == 0 ? 0 : 1;
 }
 
+// Prefill (m = 512, float16 x): the int8 tiles' plan ("int8_us": quantize x + tiles; "int8_tiles_us": the tile
+// kernel alone) against the WMMA tiles ("wmma_us"), each cycling through copies of the weight as main's cases do.
+int prefill(const std::string& filter) {
+  Timer timer;
+  const int iters = 50, m = 512;
+  const int64_t shapes[][2] = {{14336, 4096}, {4096, 14336}};
+  for (const auto& shape : shapes)
+    for (const char* tname : {"Q4_0", "Q4_K", "Q8_0", "Q6_K", "Q5_K"}) {
+      const int64_t n = shape[0], k = shape[1];
+      const TypeInfo* t = &type_named(tname);
+      const std::string name = std::string(tname) + " " + std::to_string(n) + "x" + std::to_string(k) + " m=512";
+      if (name.find(filter) == std::string::npos) continue;
+      const int64_t row_bytes = k / t->qk * t->bytes, bytes = n * row_bytes;
+      const std::vector<uint8_t*> w = weight_copies(bytes);
+      const int copies = static_cast<int>(w.size());
+      __half* x;
+      __half* y;
+      CHECK(cudaMalloc(&x, m * k * sizeof(__half)));
+      CHECK(cudaMalloc(&y, m * n * sizeof(__half)));
+      fill_half_kernel<<<256, 256>>>(x, m * k);
+      QuantizedMatmulArgs a = single_batch_args(x, w[0], y, m, n, k, row_bytes);
+      const QuantizedMatmulPlan int8 = int8_tiles_plan(a, t->id, FloatType::f16);
+      const QuantizedMatmulPlan wmma = tiles_plan(a, t->id, FloatType::f16, false, false);
+      void* ws = nullptr;
+      if (int8.workspace_bytes) CHECK(cudaMalloc(&ws, int8.workspace_bytes));
+      a.workspace = ws;
+      auto time_steps = [&](const QuantizedMatmulPlan& p, int first) {
+        return timer.us(iters, [&](int i) {
+          a.w = w[i % copies];
+          for (int s = first; s < p.kMaxSteps && p.steps[s].kernel; ++s) launch(p.steps[s], a);
+        });
+      };
+      const float int8_us = int8.steps[1].kernel ? time_steps(int8, 0) : 0.0f;
+      const float tiles_us = int8.steps[1].kernel ? time_steps(int8, 1) : 0.0f;
+      const float wmma_us = time_steps(wmma, 0);
+      CHECK(cudaDeviceSynchronize());
+      std::printf("{\"case\": \"prefill %s\", \"int8_us\": %.1f, \"int8_tiles_us\": %.1f, \"wmma_us\": %.1f, "
+                  "\"int8_tops\": %.1f, \"wmma_tops\": %.1f}\n",
+                  name.c_str(), int8_us, tiles_us, wmma_us, int8_us > 0 ? 2e-6 * m * n * k / int8_us : 0.0,
+                  2e-6 * m * n * k / wmma_us);
+      std::fflush(stdout);
+      CHECK(cudaFree(x));
+      CHECK(cudaFree(y));
+      if (ws) CHECK(cudaFree(ws));
+      for (auto p : w) CHECK(cudaFree(p));
+    }
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "--check") == 0) return check_all();
+  if (argc > 1 && std::strcmp(argv[1], "--prefill") == 0) return prefill(argc > 2 ? argv[2] : "");
   const std::string filter = argc > 1 ? argv[1] : "";
   const int iters = 200;
   const char* bench_types[] = {"Q4_0", "Q4_K", "Q6_K", "Q8_0", "Q4_1", "Q5_K", "IQ4_XS", "Q3_K", "Q2_K"};
@@ -233,16 +310,10 @@ int main(int argc, char** argv) {
   for (const auto& shape : shapes) {
     const int64_t n = shape[0], k = shape[1];
     for (const char* tname : bench_types) {
-      const TypeInfo* t = nullptr;
-      for (const auto& info : kTypes)
-        if (std::strcmp(info.name, tname) == 0) t = &info;
+      const TypeInfo* t = &type_named(tname);
       const int64_t row_bytes = k / t->qk * t->bytes, bytes = n * row_bytes;
-      const int copies = static_cast<int>((size_t{256} << 20) / bytes + 1);
-      std::vector<uint8_t*> w(copies);
-      for (int c = 0; c < copies; ++c) {
-        CHECK(cudaMalloc(&w[c], bytes));
-        fill_kernel<<<1024, 256>>>(w[c], bytes, 17u * c + 1);
-      }
+      const std::vector<uint8_t*> w = weight_copies(bytes);
+      const int copies = static_cast<int>(w.size());
       uint8_t* dst;
       CHECK(cudaMalloc(&dst, bytes));
       const std::string shape_name = std::to_string(n) + "x" + std::to_string(k);

@@ -123,6 +123,7 @@ def compiled_kernels(out):
     kernels.emulated_selftest.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]  # pointers as addresses
     # A call with an argument too few would read garbage for it: ctypes counts them where argtypes are declared.
     kernels.emulated_quantized_matmul.argtypes = [QuantizedMatmulArgs] + [ctypes.c_int] * 4
+    kernels.emulated_quantized_matmul_takes_int8_tiles.argtypes = [QuantizedMatmulArgs] + [ctypes.c_int] * 4
     return kernels
 
 
@@ -352,9 +353,10 @@ def test_quantized_matmul_float32(kernels, t, m, transpose):
 @pytest.mark.parametrize("m, k", [(9, None), (70, 263 * 32)], ids=str)
 def test_quantized_matmul_float32_on_tensor_cores(kernels, t, m, k):
     """float32 x on quantized weights, forward, without precise_x: the bfloat16 tensor-core tiles (x and the weight
-    rounded to bfloat16 as they are staged, float32 sums and output; aligned words, MXFP4's reference decoder, an IQ
-    grid's), k = 8416 not a whole number of 64-element steps for the 32-element formats. Float weights keep the FMA
-    tiles (their rounding only)."""
+    rounded to bfloat16 as they are staged, float32 sums and output; MXFP4's reference decoder, an IQ grid's, Q4_0's
+    2-byte aligned rows at k = 8416, not a whole number of 64-element steps), or where the format has fragments and
+    its rows start on 4-byte boundaries (Q4_0 at k = 64, Q4_K, Q6_K) the int8 tiles, which meet the same bound. Float
+    weights keep the FMA tiles (their rounding only)."""
     if t.block_size == 256 and k:
         k = 33 * 256
     got, expected = matmul_case(kernels, t, F32, m, False, k=k)
@@ -373,9 +375,11 @@ HALF_CASES = [(t, x) for t in GGMLType for x in (F16, BF16) if x == F16 or t.nam
 @pytest.mark.parametrize("t, x_type", HALF_CASES, ids=param_id)
 @pytest.mark.parametrize("m, transpose, out_f32", [(70, False, False), (70, True, True)], ids=str)
 def test_quantized_matmul_half_inputs(kernels, t, x_type, m, transpose, out_f32):
-    """float16/bfloat16 x: the tensor-core tiles (the weight rounded to x's type), float32 sums; quantized rows on
-    4-byte boundaries decoded from aligned words (all but MXFP4's 34-byte rows here). (Decode: below.)"""
-    got, expected = matmul_case(kernels, t, x_type, m, transpose, out_f32=out_f32)
+    """float16/bfloat16 x with precise_x (else the forward product of the formats with fragments takes the int8
+    tiles: test_cuda_emulation_int8_tiles.py): the tensor-core tiles (the weight rounded to x's type), float32 sums;
+    quantized rows on 4-byte boundaries decoded from aligned words (all but MXFP4's 34-byte rows here). (Decode:
+    below.)"""
+    got, expected = matmul_case(kernels, t, x_type, m, transpose, out_f32=out_f32, float_x=True)
     assert nmse(got, expected) < HALF_BOUND[x_type]
 
 
@@ -385,8 +389,9 @@ def test_quantized_matmul_half_inputs(kernels, t, x_type, m, transpose, out_f32)
 def test_quantized_matmul_half_tiles_edges(kernels, t, k, m, transpose):
     """The tensor-core tiles at their edges: a last reduction step half full (k = 96, 67; 768 = 12 steps of 64),
     rows of x past a 64-row tile, outputs past 128 (n = 130 transposed) and rows only 2-byte aligned (Q4_0 and
-    Q8_0 with 3 blocks: the reference decoders; Q4_1, Q4_K: aligned words)."""
-    got, expected = matmul_case(kernels, t, F16, m, transpose, n=130 if transpose else 40, k=k)
+    Q8_0 with 3 blocks: the reference decoders; Q4_1, Q4_K: aligned words). precise_x, so that Q4_1 and Q4_K stay
+    on these tiles."""
+    got, expected = matmul_case(kernels, t, F16, m, transpose, n=130 if transpose else 40, k=k, float_x=True)
     assert nmse(got, expected) < HALF_BOUND[F16]
 
 

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kernels/cuda/kernels.h"
+#include "kernels/cuda/matmul_common.cuh"  // int8_tiles_plan, for the route query
 
 thread_local uint3 threadIdx;
 thread_local uint3 blockIdx;
@@ -305,6 +306,15 @@ int emulated_quantized_matmul(kc::QuantizedMatmulArgs args, int ggml_type, int x
   return run_plan(
       kc::quantized_matmul_plan(args, ggml_type, static_cast<kc::FloatType>(x_type), transpose != 0, float_x != 0),
       args);
+}
+
+// 1 where the plan of this product is the int8 tiles' (matmul_int8_tiles.cu), 0 where it is another.
+int emulated_quantized_matmul_takes_int8_tiles(kc::QuantizedMatmulArgs args, int ggml_type, int x_type, int transpose,
+                                               int float_x) {
+  const auto type = static_cast<kc::FloatType>(x_type);
+  const auto plan = kc::quantized_matmul_plan(args, ggml_type, type, transpose != 0, float_x != 0);
+  const auto int8 = kc::int8_tiles_plan(args, ggml_type, type);
+  return int8.steps[1].kernel != nullptr && plan.steps[1].kernel == int8.steps[1].kernel;
 }
 
 // The plan's tiling is left in *args for the test to see (how many key splits, which loads).
