@@ -149,16 +149,17 @@ def quantize(w: mx.array, ggml_type, *, imatrix: mx.array = None, stream: Stream
 def quantized_matmul(x: mx.array, w: Union[GGMLTensor, mx.array], ggml_type=None, *, precise_x: bool = False,
                      stream: Stream = None) -> mx.array:
     """``x @ dequantize(w).T`` computed on the packed ggml blocks (the float matrix is never materialized,
-    except on CUDA for more than 8 rows of float16/bfloat16 x: see below).
+    except on CUDA for more than 8 rows of x: see below).
 
     ``x``: float32/float16/bfloat16 of shape ``(..., K)``. ``w``: a :class:`GGMLTensor` of logical shape
     ``(N, K)``, or its raw blocks (uint8 ``(N, bytes_per_row)``) with ``ggml_type``, or a float32/float16/
     bfloat16 array ``(N, K)``. Every type of :class:`GGMLType`; K must fill whole blocks of the type. Returns
     ``(..., N)`` in x's dtype. On the CPU, quantized weights meet x quantized to int8 per 32 elements (as
     ggml's CPU does); sums in float32. Differentiable in x (the weight's bytes have no gradient); supports
-    vmap over x and over a batch of weights, and mx.compile. On a CUDA GPU, from 9 rows of float16/bfloat16 x
-    per weight matrix (``MLX_GGML_EXT_CUDA_DENSE_ROWS``; 0: never) the product is the weight dequantized to x's
-    dtype (a temporary of N x K elements) times ``mx.matmul``, 3-4x faster than the tiles on the blocks.
+    vmap over x and over a batch of weights, and mx.compile. On a CUDA GPU, from 9 rows of x per weight matrix
+    (``MLX_GGML_EXT_CUDA_DENSE_ROWS``; 0: never) the product is the weight dequantized to x's dtype (bfloat16 for
+    float32 x, whose product is then rounded to bfloat16 once; not with ``precise_x``) times ``mx.matmul``, a
+    temporary of N x K elements, 3-4x faster than the kernels on the blocks.
 
     ``precise_x=True``: x enters in two int8 passes on the CPU (its codes, then the codes of their rounding
     residual), which cuts the error from x's rounding about 250-fold, and as floats on the GPU; for outputs
