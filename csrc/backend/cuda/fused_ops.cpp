@@ -46,18 +46,7 @@ void Attention::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
                                     shape_str(k.shape()), ", v ", shape_str(v.shape()), " (head dims up to ",
                                     kc::kAttentionMaxHeadDim, "; at most 65535 kv heads x batches and query blocks)."));
   }
-  if (!plan.steps[1].kernel) {
-    cuda::launch(enc, plan.steps[0], args);
-    return;
-  }
-  // The split kernel writes the partial results, the combine reads them and writes out: each node registers its
-  // own arrays (begin() registered the inputs and out for the first).
-  const mx::array partials = cuda::scratch(enc, plan.workspace_bytes);
-  args.workspace = mx::gpu_ptr<void>(partials);
-  cuda::register_arrays(enc, {}, {partials});
-  cuda::launch(enc, plan.steps[0], args);
-  cuda::register_arrays(enc, {partials}, {out});
-  cuda::launch(enc, plan.steps[1], args);
+  cuda::launch_plan(enc, plan, args, inputs, out);
 }
 
 }  // namespace mlx_ggml_ext

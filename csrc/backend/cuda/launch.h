@@ -6,6 +6,7 @@
 #include "csrc/utils.h"
 #include "kernels/cuda/kernels.h"
 #include "mlx/backend/cuda/device.h"
+#include "mlx/backend/cuda/utils.h"
 
 namespace mlx_ggml_ext::cuda {
 
@@ -53,5 +54,27 @@ mx::array scratch(mx::cu::CommandEncoder& enc, int64_t bytes);
 // its own (the first one's are registered by begin()).
 void register_arrays(mx::cu::CommandEncoder& enc, const std::vector<mx::array>& inputs,
                      const std::vector<mx::array>& outputs);
+
+// Runs a plan of kernels/cuda (steps[Plan::kMaxSteps], an empty step ending it; workspace_bytes of scratch) with
+// `args`, whose workspace it points at the scratch. Step 0 always launches (launch() throws where the plan has no
+// kernel); it writes the scratch, and every later step reads it and the op's inputs and writes it and `out`, each
+// kernel node registering its own arrays (begin() registered the inputs and out for step 0).
+template <typename Plan, typename Args>
+void launch_plan(mx::cu::CommandEncoder& enc, const Plan& plan, Args& args, const std::vector<mx::array>& inputs,
+                 const mx::array& out) {
+  std::vector<mx::array> reads = inputs, writes = {out};
+  if (plan.workspace_bytes > 0) {
+    const mx::array workspace = scratch(enc, plan.workspace_bytes);
+    args.workspace = mx::gpu_ptr<void>(workspace);
+    register_arrays(enc, {}, {workspace});
+    reads.push_back(workspace);
+    writes.push_back(workspace);
+  }
+  launch(enc, plan.steps[0], args);
+  for (int i = 1; i < Plan::kMaxSteps && plan.steps[i].kernel; ++i) {
+    register_arrays(enc, reads, writes);
+    launch(enc, plan.steps[i], args);
+  }
+}
 
 }  // namespace mlx_ggml_ext::cuda

@@ -46,21 +46,7 @@ void QuantizedMatmul::eval_gpu(const std::vector<mx::array>& inputs, mx::array& 
                                            out.dtype() == mx::float32 && x.dtype() != mx::float32};
   // precise_x: x as floats, on the tiles (the decode route quantizes x to int8).
   const auto plan = ggml_ext::cuda::quantized_matmul_plan(args, type_, float_type(x.dtype()), transpose_, precise_x_);
-  if (plan.workspace_bytes == 0) {
-    cuda::launch(enc, plan.steps[0], args);  // throws when there is no kernel for this case
-    return;
-  }
-  // Step 0 writes the scratch (and may write out), later steps read it: each kernel node registers its arrays.
-  const mx::array workspace = cuda::scratch(enc, plan.workspace_bytes);
-  args.workspace = mx::gpu_ptr<void>(workspace);
-  cuda::register_arrays(enc, {}, {workspace});
-  cuda::launch(enc, plan.steps[0], args);
-  for (int i = 1; i < plan.kMaxSteps && plan.steps[i].kernel; ++i) {
-    auto reads = inputs;
-    reads.push_back(workspace);
-    cuda::register_arrays(enc, reads, {workspace, out});
-    cuda::launch(enc, plan.steps[i], args);
-  }
+  cuda::launch_plan(enc, plan, args, inputs, out);
 }
 
 }  // namespace mlx_ggml_ext
