@@ -154,9 +154,8 @@ __device__ __forceinline__ void tc_tiles_block(const Tile& tile) {
   const uint8_t* w = tile.w;
   const Decoder decoder;
   // This thread's chunks of x: chunk c = t + kTcThreads * i is row c / 4 of the tile, elements 16 (c % 4)..+15.
-  const X* x_rows[kXChunks];
-#pragma unroll
-  for (int i = 0; i < kXChunks; ++i) x_rows[i] = tile.x_row((t + kTcThreads * i) / 4);
+  // (The row is asked for at every step: keeping the kXChunks pointers in registers across the loop doubled the
+  // spills of quantized_matmul's 128-row tiles under nvcc 13.)
   const bool x_words = tile.x_words;
   // This thread's x-block of the weight: forward, row o0 + t/2, x-block (step) + t%2; transposed, row
   // (step) + t/4, x-block o0/32 + t%4. Stored at w[wr][wc..wc+31].
@@ -166,17 +165,18 @@ __device__ __forceinline__ void tc_tiles_block(const Tile& tile) {
 #pragma unroll
     for (int i = 0; i < kXChunks; ++i) {
       const int c = t + kTcThreads * i, xj = 16 * (c % 4);
+      const X* row = tile.x_row(c / 4);
       const bool whole = x_words && r0 + xj + 16 <= reduce;
       if constexpr (std::is_same_v<X, T>) {
-        if (x_rows[i] && whole) {
-          const uint4* p = reinterpret_cast<const uint4*>(x_rows[i] + r0 + xj);
+        if (row && whole) {
+          const uint4* p = reinterpret_cast<const uint4*>(row + r0 + xj);
           l.x[i].v[0] = __ldg(p);
           l.x[i].v[1] = __ldg(p + 1);
           continue;
         }
       }
       float v[16] = {};
-      if (x_rows[i]) load_x_chunk(x_rows[i], (r0 + xj) / 16, reduce, whole, v);
+      if (row) load_x_chunk(row, (r0 + xj) / 16, reduce, whole, v);
       l.x[i] = pack16<T>(v);
     }
   };
