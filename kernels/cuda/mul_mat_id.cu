@@ -17,6 +17,16 @@
 //      them (WarpDot of matmul_decode_dp4a.cuh: the decode route's __dp4a products, so the arithmetic is
 //      quantized_matmul's on m <= 8 rows). An expert with more pairs than MB reads its rows again for the next
 //      chunk, from L2 (the block's rows stay small: R * row_bytes per warp).
+//   Prefill (t * n_used >= 16 e: at least 16 pairs per expert on average, where the dp4a chunks would read each
+//   expert's rows twice or more) takes the tensor cores instead, for every weight type but float ones with float32 x:
+//   step 0 only groups (group_pairs also counts each busy bucket's tiles of kTilePairs = 64 pairs and their
+//   prefix), and step 1 is grouped_tiles_kernel (mul_mat_id_tiles.cuh): quantized_matmul's tensor-core tiles
+//   (matmul_tiles.cuh: 128 weight rows x 64 rows of x per block, 64-element steps, WMMA with float32 sums; float32 x
+//   rounded to bfloat16 as quantized_matmul's tiles do without precise_x), the tile's rows of x gathered through the
+//   sorted pair list and its outputs scattered to each pair's row. Grid (n / 128, a bound of the tiles fixed without
+//   the ids: (t * n_used + min(e + 1, t * n_used) * 63) / 64); a block finds its bucket and tile by a binary search
+//   of the tile prefix, the blocks past the last tile exit, the bad ids' tiles write NaN. Each expert's rows are
+//   decoded once per 64 of its pairs, not once per 8.
 //   One token (n_used <= kOneLaunchPairs, its row of x within 48 KB) takes one launch instead,
 //   one_launch_dot_kernel (mul_mat_id_one_launch.cuh): each block finds its expert and pairs in the ids itself and
 //   quantizes the row of x into its shared memory; no workspace. (At 8 tokens that per-block quantization made it
@@ -36,6 +46,7 @@
 #include "kernels/cuda/matmul_decode_dp4a.cuh"
 #include "kernels/cuda/mul_mat_id_groups.cuh"
 #include "kernels/cuda/mul_mat_id_one_launch.cuh"
+#include "kernels/cuda/mul_mat_id_tiles.cuh"
 #include "kernels/cuda/weights.cuh"
 
 namespace ggml_ext::cuda {
@@ -272,6 +283,11 @@ void set_group_step(MulMatIdPlan& p) {
   p.steps[0].block = dim3(kGroupThreads);
 }
 
+// The tensor cores' type for x of type T: T itself, bfloat16 for float32 (quantized_matmul's tiles without
+// precise_x).
+template <typename T>
+using TensorCoreType = std::conditional_t<std::is_same_v<T, float>, __nv_bfloat16, T>;
+
 template <typename T>
 MulMatIdPlan mul_mat_id_plan_typed(const MulMatIdArgs& a, int type, bool transpose) {
   MulMatIdPlan p;
@@ -287,6 +303,10 @@ MulMatIdPlan mul_mat_id_plan_typed(const MulMatIdArgs& a, int type, bool transpo
       return 0;
     });
     if (!p.steps[1].kernel) return {};
+    set_group_step(p);
+    return p;
+  }
+  if (set_tile_step<T, TensorCoreType<T>>(p, a, type)) {
     set_group_step(p);
     return p;
   }
@@ -309,6 +329,15 @@ MulMatIdPlan mul_mat_id_plan(const MulMatIdArgs& args, int ggml_type, FloatType 
   GGML_EXT_CUDA_FLOAT_SWITCH(x_type, kType,
                              return mul_mat_id_plan_typed<typename Storage<kType>::type>(args, ggml_type, transpose));
   return {};
+}
+
+// Whether mul_mat_id_plan takes the grouped tensor-core tiles (for the tests: tests/cuda_emulation).
+bool mul_mat_id_takes_tiles(const MulMatIdArgs& args, int ggml_type, FloatType x_type, bool transpose) {
+  MulMatIdPlan p;
+  GGML_EXT_CUDA_FLOAT_SWITCH(
+      x_type, kType, using T = typename Storage<kType>::type;
+      return !transpose && set_tile_step<T, TensorCoreType<T>>(p, args, ggml_type));
+  return false;
 }
 
 }  // namespace ggml_ext::cuda

@@ -4,6 +4,9 @@
 //            the pairs whose id is outside [0, e)), offsets[e + 1] = t * n_used;
 //   busy:    e + 2 int32, busy[0] the number of buckets with pairs, busy[1 ..] those buckets in increasing order
 //            (the later kernels' blocks take these, not every expert: at most min(e + 1, t * n_used) of them);
+//   tiles:   e + 2 int32, tiles[i] the first tile of kTilePairs pairs of busy bucket i (busy[1 + i]) and
+//            tiles[busy[0]] the number of tiles: the grouped tensor-core tiles (mul_mat_id_tiles.cuh) map a block
+//            to its bucket and tile by a search in it;
 //   rank:    t * n_used int32, pair p's position within its bucket (scratch of this step);
 //   sorted:  t * n_used int32, the pair indices by bucket (within a bucket in no set order: each pair's output is
 //            computed on its own, so the order changes no value);
@@ -18,12 +21,13 @@ namespace {
 
 constexpr int kGroupThreads = 256;      // the grouping is one block
 constexpr int kSharedBuckets = 4096;    // buckets counted in shared memory (more: in the workspace, global atomics)
+constexpr int kTilePairs = 64;          // pairs per tile of the grouped tensor-core tiles (their rows of x)
 
 __host__ __device__ inline int64_t round_up16(int64_t bytes) { return (bytes + 15) / 16 * 16; }
 __host__ __device__ inline int64_t pair_count(const MulMatIdArgs& a) { return a.t * a.n_used; }
 // Bytes of the four arrays above (where the later steps' part of the workspace starts).
 __host__ __device__ inline int64_t groups_bytes(const MulMatIdArgs& a) {
-  return 2 * round_up16(4 * (a.e + 2)) + 2 * round_up16(4 * pair_count(a));
+  return 3 * round_up16(4 * (a.e + 2)) + 2 * round_up16(4 * pair_count(a));
 }
 // Blocks of the later kernels along y: one per bucket that can have pairs, known without reading the ids.
 inline unsigned busy_bound(const MulMatIdArgs& a) {
@@ -34,12 +38,14 @@ inline unsigned busy_bound(const MulMatIdArgs& a) {
 struct PairGroups {
   int32_t* offsets;
   int32_t* busy;
+  int32_t* tiles;
   int32_t* rank;
   int32_t* sorted;
   __device__ explicit PairGroups(const MulMatIdArgs& a)
       : offsets(static_cast<int32_t*>(a.workspace)),
         busy(offsets + round_up16(4 * (a.e + 2)) / 4),
-        rank(busy + round_up16(4 * (a.e + 2)) / 4),
+        tiles(busy + round_up16(4 * (a.e + 2)) / 4),
+        rank(tiles + round_up16(4 * (a.e + 2)) / 4),
         sorted(rank + round_up16(4 * pair_count(a)) / 4) {}
   // The bucket of a later kernel's block row y (blockIdx.y), or -1 where fewer buckets have pairs.
   __device__ int bucket_of_block(unsigned y) const { return static_cast<int>(y) < busy[0] ? busy[1 + y] : -1; }
@@ -54,11 +60,11 @@ __device__ __forceinline__ int bucket_of(int32_t id, int64_t e) {
 // Step 0, by one block of kGroupThreads (the caller's block 0): a counting sort of the pairs by bucket. Each pair
 // takes its rank in its bucket from an atomic count (in shared memory where the buckets fit: one step per pair and
 // thread, where the stable ranking it replaced compared every pair with its 255 neighbours); the counts become
-// offsets and the list of busy buckets (an exclusive scan: each thread a span of consecutive buckets, thread 0
-// the spans), and every pair is written to its place.
+// offsets and the list of busy buckets with their first tiles (an exclusive scan: each thread a span of consecutive
+// buckets, thread 0 the spans), and every pair is written to its place.
 __device__ void group_pairs(const MulMatIdArgs& a) {
   __shared__ int shared_count[kSharedBuckets];
-  __shared__ int span_pairs[kGroupThreads], span_busy[kGroupThreads];
+  __shared__ int span_pairs[kGroupThreads], span_busy[kGroupThreads], span_tiles[kGroupThreads];
   const PairGroups g(a);
   const int tid = static_cast<int>(threadIdx.x);
   const int64_t pairs = pair_count(a), buckets = a.e + 1;
@@ -69,32 +75,41 @@ __device__ void group_pairs(const MulMatIdArgs& a) {
   __syncthreads();
   const int64_t span = (buckets + kGroupThreads - 1) / kGroupThreads, first = tid * span;
   const int64_t end = first + span < buckets ? first + span : buckets;
-  int sum = 0, busy = 0;
+  int sum = 0, busy = 0, tiles = 0;
   for (int64_t b = first; b < end; ++b) {
     sum += count[b];
     busy += count[b] > 0;
+    tiles += (count[b] + kTilePairs - 1) / kTilePairs;
   }
   span_pairs[tid] = sum;
   span_busy[tid] = busy;
+  span_tiles[tid] = tiles;
   __syncthreads();
   if (tid == 0) {
-    int running = 0, running_busy = 0;
+    int running = 0, running_busy = 0, running_tiles = 0;
     for (int i = 0; i < kGroupThreads; ++i) {
-      const int s = span_pairs[i], u = span_busy[i];
+      const int s = span_pairs[i], u = span_busy[i], v = span_tiles[i];
       span_pairs[i] = running;
       span_busy[i] = running_busy;
+      span_tiles[i] = running_tiles;
       running += s;
       running_busy += u;
+      running_tiles += v;
     }
     g.offsets[buckets] = running;
     g.busy[0] = running_busy;
+    g.tiles[running_busy] = running_tiles;
   }
   __syncthreads();
-  int running = span_pairs[tid], next_busy = span_busy[tid];
+  int running = span_pairs[tid], next_busy = span_busy[tid], next_tile = span_tiles[tid];
   for (int64_t b = first; b < end; ++b) {
     const int c = count[b];
     g.offsets[b] = running;  // after reading count[b]: the same element where count is the workspace's
-    if (c > 0) g.busy[1 + next_busy++] = static_cast<int>(b);
+    if (c > 0) {
+      g.tiles[next_busy] = next_tile;
+      g.busy[1 + next_busy++] = static_cast<int>(b);
+      next_tile += (c + kTilePairs - 1) / kTilePairs;
+    }
     running += c;
   }
   __syncthreads();

@@ -265,6 +265,10 @@ void ggml_ext_emulated_mma_s8_16x8x32(int (&d)[4], const uint32_t (&a)[4], const
 }
 
 namespace kc = ggml_ext::cuda;
+namespace ggml_ext::cuda {
+// kernels/cuda/mul_mat_id.cu: whether mul_mat_id_plan takes the grouped tensor-core tiles (the route, for the tests).
+bool mul_mat_id_takes_tiles(const MulMatIdArgs& args, int ggml_type, FloatType x_type, bool transpose);
+}  // namespace ggml_ext::cuda
 
 // Runs a plan's steps in order with one workspace (filled with garbage, as on a GPU).
 template <typename Plan, typename Args>
@@ -300,6 +304,10 @@ int emulated_dequantize(kc::DequantizeArgs args, int ggml_type, int out_type) {
 
 int emulated_mul_mat_id(kc::MulMatIdArgs args, int ggml_type, int x_type, int transpose) {
   return run_plan(kc::mul_mat_id_plan(args, ggml_type, static_cast<kc::FloatType>(x_type), transpose != 0), args);
+}
+
+int emulated_mul_mat_id_takes_tiles(kc::MulMatIdArgs args, int ggml_type, int x_type, int transpose) {
+  return kc::mul_mat_id_takes_tiles(args, ggml_type, static_cast<kc::FloatType>(x_type), transpose != 0);
 }
 
 int emulated_quantized_matmul(kc::QuantizedMatmulArgs args, int ggml_type, int x_type, int transpose, int float_x) {
