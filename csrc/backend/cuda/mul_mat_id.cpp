@@ -47,23 +47,7 @@ void MulMatId::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
   if (!plan.steps[0].kernel) {
     throw std::invalid_argument(cat("[mul_mat_id] no CUDA kernel for ggml type ", type_, "."));
   }
-  if (plan.workspace_bytes == 0) {
-    cuda::launch(enc, plan.steps[0], args);
-    return;
-  }
-  // Step 0 writes the scratch, later steps read it (and write out): each kernel node registers its arrays.
-  const mx::array workspace = cuda::scratch(enc, plan.workspace_bytes);
-  args.workspace = mx::gpu_ptr<void>(workspace);
-  auto reads = inputs;
-  reads.push_back(workspace);
-  for (int i = 0; i < plan.kMaxSteps && plan.steps[i].kernel; ++i) {
-    if (i == 0) {
-      cuda::register_arrays(enc, {}, {workspace});  // begin() registered the inputs and out
-    } else {
-      cuda::register_arrays(enc, reads, {workspace, out});
-    }
-    cuda::launch(enc, plan.steps[i], args);
-  }
+  cuda::launch_plan(enc, plan, args, inputs, out);
 }
 
 }  // namespace mlx_ggml_ext
