@@ -8,6 +8,7 @@
 #include "csrc/dequantize.h"
 #include "csrc/ggml_types.h"
 #include "kernels/common/ggml_blocks.h"
+#include "mlx/transforms.h"
 
 namespace mlx_ggml_ext {
 namespace {
@@ -78,11 +79,7 @@ bool takes_dense_route(const mx::array& x, const mx::array& w, int type, bool tr
 
 // The dense route: x (..., Kx) against one matrix, or x (B3, B2, M, Kx) against w's batches with ggml's
 // broadcasting (b batch i uses a batch i / ratio, so B3 splits as (A3, B3 / A3), and B2 likewise).
-mx::array dense_product(const mx::array& x_in, const mx::array& w, int type, bool transpose, const mx::Stream& s) {
-  if (x_in.dtype() == mx::float32) {
-    return mx::astype(dense_product(mx::astype(x_in, mx::bfloat16, s), w, type, transpose, s), mx::float32, s);
-  }
-  const mx::array& x = x_in;
+mx::array dense_product(const mx::array& x, const mx::array& w, int type, bool transpose, const mx::Stream& s) {
   const int64_t A3 = w.shape(0), A2 = w.shape(1), N = w.shape(2);
   const int K = static_cast<int>(row_elements(type, w.shape(3)));
   const mx::array deq = dequantize(w, type, {static_cast<int>(A3), static_cast<int>(A2), static_cast<int>(N), K},
@@ -104,7 +101,18 @@ mx::array product_node(const mx::array& x, const mx::array& w, int type, bool tr
                        mx::StreamOrDevice s, bool precise_x = false) {
   auto stream = mx::to_stream(s);
   if (takes_dense_route(x, w, type, transpose, out_dtype, precise_x, stream)) {
-    return dense_product(x, w, type, transpose, stream);
+    if (x.dtype() != mx::float32) return dense_product(x, w, type, transpose, stream);
+    // Float32 x: the product in bfloat16, its gradient the float32 transposed product QuantizedMatmul::vjp gives
+    // (MLX's gradient of the casts and the bfloat16 matmul would be bfloat16's).
+    auto forward = [w, type, transpose, stream](const std::vector<mx::array>& in) {
+      const mx::array y = dense_product(mx::astype(in[0], mx::bfloat16, stream), w, type, transpose, stream);
+      return std::vector<mx::array>{mx::astype(y, mx::float32, stream)};
+    };
+    auto backward = [w, type, transpose, stream](const std::vector<mx::array>&, const std::vector<mx::array>& cot,
+                                                 const std::vector<mx::array>&) {
+      return std::vector<mx::array>{product_node(cot[0], w, type, !transpose, mx::float32, stream)};
+    };
+    return mx::custom_vjp(forward, backward)({x})[0];
   }
   auto prim = std::make_shared<QuantizedMatmul>(stream, type, transpose, out_dtype, precise_x && !transpose);
   std::vector<mx::array> inputs = {kernel_input(x, stream), row_contiguous(w, stream)};
