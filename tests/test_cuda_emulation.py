@@ -569,12 +569,13 @@ def test_decode_many_rows_shared_x(kernels, t, m, batches):
     assert_no_less_accurate_than_ggml(got, exact, theirs, "many rows, shared x", 2048)
 
 
-@pytest.mark.parametrize("t, m", [(GGMLType.Q4_0, 1), (GGMLType.Q5_K, 1), (GGMLType.Q4_0, 2), (GGMLType.Q8_0, 2),
-                                  (GGMLType.Q5_K, 2), (GGMLType.Q4_1, 2)], ids=param_id)
+@pytest.mark.parametrize("t, m", [(GGMLType.Q4_0, 1), (GGMLType.Q5_K, 1), (GGMLType.Q4_K, 1), (GGMLType.Q6_K, 1),
+                                  (GGMLType.Q4_0, 2), (GGMLType.Q8_0, 2), (GGMLType.Q5_K, 2), (GGMLType.Q4_1, 2)],
+                         ids=param_id)
 def test_decode_few_rows_one_kernel(kernels, t, m):
     """A weight of few rows (1000, not a multiple of 16) where the routes measured one kernel to pay there: the
-    fused kernel at m=1 (Q4_0, Q5_K) and the 16-warp staged kernel with x inside at m=2 (Q4_0, Q8_0, Q5_K); Q4_1
-    keeps both steps."""
+    fused kernel at m=1 (every format that has one) and the 16-warp staged kernel with x inside at m=2 (Q4_0, Q8_0,
+    Q5_K); Q4_1 keeps both steps at m=2."""
     got, exact, theirs = decode_case(kernels, t, F16, m, 1024, n=1000, out_f32=True)
     assert_no_less_accurate_than_ggml(got, exact, theirs, "few rows, one kernel", 1024)
 

@@ -38,9 +38,9 @@
 // the formats' plans are instantiated in three translation units (matmul_decode_blocks32.cu, _superblocks.cu,
 // _decoded.cu; not equal in size: the grid types have no fragment kernels) so that nvcc takes them in parallel.
 #pragma once
+#include <cstdlib>
 #include <type_traits>
 #if defined(GGML_EXT_TUNING)
-#include <cstdlib>
 #include <cstring>
 #endif
 
@@ -197,12 +197,14 @@ bool set_dot_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
 // Q5_K 25.5 / 32.0, Q2_K 21.6 / 26.5, Q3_K 30.1 / 35.6, IQ4_NL 25.9 / 31.2, IQ4_XS 26.3 / 31.0, MXFP4 25.4 / 31.2,
 // Q4_K 23.7 / 29.3, Q8_0 29.7 / 30.6. Q4_0 also at m = 3, 4 (h100-2026-11-25zz-fused-few-rows.json: 24.6 / 28.4
 // against 29.4 / 29.2 in an earlier run); the others were slower there in the kernel built for 4 rows (Q4_K, Q8_0
-// 39.8-48.8 against 32.6-36.7). Q6_K never (27.9 against 26.6 us at m=1; not measured at m=2). Where the staged
-// kernel with x in shared memory takes a weight (shared_x_route, set_shared_x_step: rows on 16-byte boundaries),
-// it comes first: Q4_0 keeps the fused kernel at m = 3, 4 only for rows on 4-byte boundaries but not on 16.
+// 39.8-48.8 against 32.6-36.7). Q6_K at m=1 only: kernel-only about as fast as its two steps (27.9 against 26.6 us;
+// 27.0 against 27.0-27.3 in a later run), and a kernel node fewer through MLX (one_kernel_at_one_row); not measured
+// at m=2. Where the staged kernel with x in shared memory takes a weight (shared_x_route, set_shared_x_step: rows on
+// 16-byte boundaries), it comes first: Q4_0 keeps the fused kernel at m = 3, 4 only for rows on 4-byte boundaries but
+// not on 16.
 template <class F>
 constexpr int fused_max_m() {
-  if constexpr (std::is_same_v<F, decode::FmtQ6_K>) return 0;
+  if constexpr (std::is_same_v<F, decode::FmtQ6_K>) return 1;
   if constexpr (std::is_same_v<F, decode::FmtQ4_0>) return 4;
   return 2;
 }
@@ -275,15 +277,30 @@ const void* fused_kernel(int64_t m, int rows) {
   }
 }
 
-// The rows of x for which the fused kernel also takes weights of few rows (0: none). H100, ncu through MLX,
-// 4096x14336, m=1, GGML_EXT_FEW_ROWS_ONE_KERNEL=1 against the default (both steps) in one run
-// (bench/results/h100-2026-11-26q-kernel-times.json): Q4_0 21.4 -> 20.4 us, Q5_K 26.2 -> 24.1; slower for the others
-// (Q4_1 20.0 -> 24.6, Q4_K 19.9 -> 21.0, Q8_0 30.5 -> 33.6, IQ4_NL 21.7 -> 28.4; every format at m=2). Checked on
-// more shapes against GGML_EXT_STAGED=twostep in one run (h100-2026-11-26r-few-rows.json), 4096x14336 / 4096x4096 /
-// 1024x4096: Q4_0 21.8 / 11.6 / 8.7 -> 20.3 / 11.0 / 6.9 us, Q5_K 26.6 / 13.4 / 8.3 -> 24.5 / 11.4 / 6.7.
+// The rows of x for which the fused kernel also takes weights of few rows (0: none). Kernel-only it was faster for
+// Q4_0 and Q5_K only. H100, ncu through MLX, 4096x14336, m=1, GGML_EXT_FEW_ROWS_ONE_KERNEL=1 against the default
+// (both steps) in one run (bench/results/h100-2026-11-26q-kernel-times.json): Q4_0 21.4 -> 20.4 us, Q5_K 26.2 ->
+// 24.1; slower for the others (Q4_1 20.0 -> 24.6, Q4_K 19.9 -> 21.0, Q8_0 30.5 -> 33.6, IQ4_NL 21.7 -> 28.4; every
+// format at m=2). Checked on more shapes against GGML_EXT_STAGED=twostep in one run (h100-2026-11-26r-few-rows.json),
+// 4096x14336 / 4096x4096 / 1024x4096: Q4_0 21.8 / 11.6 / 8.7 -> 20.3 / 11.0 / 6.9 us, Q5_K 26.6 / 13.4 / 8.3 -> 24.5
+// / 11.4 / 6.7. Through MLX, though, the second kernel node costs more host time than the fused kernel's repeated
+// quantizing of x costs the GPU: H200, a Llama-1B-shaped Q4_K GGUF (q/k/v 3072, o 2048 and down 2048 rows: 3 of a
+// layer's 4 products have few rows), decode of 128 tokens, one process per figure, alternated three times
+// (bench/results/h200-2026-11-28e-few-rows-one-kernel.json): both steps 251.5 / 267.1 / 261.6 tok/s, the fused kernel
+// 304.7 / 273.0 / 288.9 (+10% in the medians). So every format with a fused kernel takes it at one row of x
+// (Q6_K too, fused_max_m). MLX_GGML_EXT_CUDA_ONE_ROW_ONE_KERNEL=0 (read once) gives both steps back where kernel-only
+// times preferred them (these weights but for Q4_0 and Q5_K; Q6_K on any), for A/B runs.
+inline bool one_kernel_at_one_row() {
+  static const bool on = [] {
+    const char* v = std::getenv("MLX_GGML_EXT_CUDA_ONE_ROW_ONE_KERNEL");
+    return v == nullptr || std::atoi(v) != 0;
+  }();
+  return on;
+}
 template <class F>
-constexpr int fused_few_rows_max_m() {
-  return std::is_same_v<F, decode::FmtQ4_0> || std::is_same_v<F, decode::FmtQ5_K> ? 1 : 0;
+int fused_few_rows_max_m() {
+  if constexpr (std::is_same_v<F, decode::FmtQ4_0> || std::is_same_v<F, decode::FmtQ5_K>) return 1;
+  return one_kernel_at_one_row() ? 1 : 0;
 }
 
 #if defined(GGML_EXT_TUNING)
@@ -299,9 +316,10 @@ const void* one_row_fused_kernel(int rows) {
 // or fused_few_rows_max_m).
 template <class F, typename T>
 bool set_fused_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
-  // Tuning builds: GGML_EXT_STAGED=fused takes the one-row kernel where fused_max_m is 0 (Q6_K).
+  // Tuning builds: GGML_EXT_STAGED=fused takes the one-row kernel where fused_max_m is 0 (no format now).
   const bool forced = a.m == 1 && tuning_variant("fused");
-  if ((a.m > fused_max_m<F>() && !forced) || !rows_aligned(a, 4) || a.m * a.k > kFusedMaxK ||
+  const int max_m = std::is_same_v<F, decode::FmtQ6_K> && !one_kernel_at_one_row() ? 0 : fused_max_m<F>();
+  if ((a.m > max_m && !forced) || !rows_aligned(a, 4) || a.m * a.k > kFusedMaxK ||
       (too_few_rows_for_one_kernel(a) && a.m > fused_few_rows_max_m<F>()) || tuning_variant("twostep") ||
       tuning_variant("frag"))
     return false;
