@@ -109,11 +109,11 @@ def mlx_affine4(model: nn.Module, group_size: int = 64) -> nn.Module:
     return model
 
 
-def llama_bench(binary: str, model: str, prompts, decode: int, threads: int, extra: str = "") -> dict:
-    """{'pp256': tok/s, ..., 'tg128': tok/s} from one llama-bench run (one repetition per test); `extra`: more
-    llama-bench arguments (`-ngl 99` offloads every layer to a GPU build's device)."""
+def llama_bench(binary: str, model: str, prompts, decode: int, threads: int, extra: str = "", reps: int = 1) -> dict:
+    """{'pp256': tok/s, ..., 'tg128': tok/s} from one llama-bench run (`reps` repetitions per test, their mean);
+    `extra`: more llama-bench arguments (`-ngl 99` offloads every layer to a GPU build's device)."""
     cmd = [binary, "-m", model, "-p", ",".join(map(str, prompts)), "-n", str(decode), "-t", str(threads),
-           "-r", "1", "-o", "json"] + shlex.split(extra)
+           "-r", str(reps), "-o", "json"] + shlex.split(extra)
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     result = {}
     for test in json.loads(out):
@@ -122,8 +122,9 @@ def llama_bench(binary: str, model: str, prompts, decode: int, threads: int, ext
     return result
 
 
-def ours(model, prompts, decode: int, seed: int) -> dict:
-    result = {f"pp{p}": prefill_tok_s(model, p, seed + p) for p in prompts}
+def ours(model, prompts, decode: int, seed: int, prefill_reps: int = 1) -> dict:
+    result = {f"pp{p}": statistics.median(prefill_tok_s(model, p, seed + p) for _ in range(prefill_reps))
+              for p in prompts}
     result[f"tg{decode}"] = decode_tok_s(model, decode, seed)
     return result
 
@@ -145,24 +146,29 @@ def main():
     p.add_argument("--decode", type=int, default=128, help="decode tokens")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=mlx_ggml_ext.num_threads())
+    p.add_argument("--prefill-reps", type=int, default=None,
+                   help="prefills per length and round, their median reported (default: 3 on a GPU, where one "
+                        "prefill of 512 tokens takes ~15 ms and single runs moved by 1.5x; 1 on the CPU)")
     args = p.parse_args()
+    reps = args.prefill_reps or (3 if mx.default_device() == mx.gpu else 1)
     prompts = [int(v) for v in args.prompts.split(",")]
     mlx_ggml_ext.set_num_threads(args.threads)
 
     model, _ = models.load(args.model)
-    contenders = {"ours": lambda: ours(model, prompts, args.decode, 1)}
+    contenders = {"ours": lambda: ours(model, prompts, args.decode, 1, reps)}
     if args.mlx_4bit:
         affine, _ = models.load(args.model)
         affine = mlx_affine4(affine)
-        contenders["mlx_affine4"] = lambda: ours(affine, prompts, args.decode, 1)
+        contenders["mlx_affine4"] = lambda: ours(affine, prompts, args.decode, 1, reps)
     if args.unstacked:
         unstacked, _ = models.load(args.model, stack_projections=False)
-        contenders["ours_unstacked"] = lambda: ours(unstacked, prompts, args.decode, 1)
+        contenders["ours_unstacked"] = lambda: ours(unstacked, prompts, args.decode, 1, reps)
     if args.llama_bench:
         contenders["llama.cpp"] = lambda: llama_bench(args.llama_bench, args.model, prompts, args.decode,
-                                                      args.threads, args.llama_args)
+                                                      args.threads, args.llama_args, reps)
     setup = {"model": os.path.basename(args.model), "device": str(mx.default_device()),
-             "cpu_isa": mlx_ggml_ext.cpu_isa(), "threads": args.threads, "llama_label": args.llama_label,
+             "cpu_isa": mlx_ggml_ext.cpu_isa(), "threads": args.threads, "prefill_reps": reps,
+             "llama_label": args.llama_label,
              "mlx": mx.__version__, "version": mlx_ggml_ext.__version__}
     emit({"setup": setup})
     # Warm-up of every MLX model: first-call allocations, kernel loads and page faults of the mapped weights
