@@ -348,6 +348,15 @@ def test_quantized_matmul_float32(kernels, t, m, transpose):
     assert nmse(got, expected) < 1e-10
 
 
+@pytest.mark.parametrize("t", list(GGMLType), ids=lambda t: t.name)
+@pytest.mark.parametrize("m, x_type", [(1, F32), (8, F16)], ids=str)
+def test_precise_x_decode(kernels, t, m, x_type):
+    """precise_x on m <= 8 rows (a model's output head): the float decode kernel, each weight row's 16-element
+    chunks decoded to float32 and multiplied with x's floats (no rounding of the inputs; float16 x: its output's)."""
+    got, expected = matmul_case(kernels, t, x_type, m, False, float_x=True)
+    assert nmse(got, expected) < (1e-10 if x_type == F32 else HALF_BOUND[F16])
+
+
 @pytest.mark.parametrize("t", [GGMLType.Q4_0, GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.MXFP4, GGMLType.IQ2_XXS,
                                GGMLType.F16], ids=lambda t: t.name)
 @pytest.mark.parametrize("m, k", [(9, None), (70, 263 * 32)], ids=str)

@@ -13,6 +13,10 @@ QuantizedMatmulPlan decode_plan(const QuantizedMatmulArgs& args, int ggml_type, 
 QuantizedMatmulPlan decode_plan_blocks32(const QuantizedMatmulArgs& args, int ggml_type, FloatType x_type);
 QuantizedMatmulPlan decode_plan_superblocks(const QuantizedMatmulArgs& args, int ggml_type, FloatType x_type);
 QuantizedMatmulPlan decode_plan_decoded(const QuantizedMatmulArgs& args, int ggml_type, FloatType x_type);
+// Decode with x kept as floats (the op's precise_x), any weight type: the float kernel, a warp per weight row whose
+// 16-element chunks are decoded to float32 (weights.cuh) and multiplied with x's. steps[0].kernel == nullptr: not
+// handled here.
+QuantizedMatmulPlan precise_decode_plan(const QuantizedMatmulArgs& args, int ggml_type, FloatType x_type);
 // Int8 tiles (matmul_int8_tiles.cu): forward products of m > kDecodeMaxM rows of x on the formats with tensor-core
 // fragments, x quantized to int8 per 32 elements (step 0), weight rows on 4-byte boundaries, k % 32 == 0;
 // steps[0].kernel == nullptr: not handled here.

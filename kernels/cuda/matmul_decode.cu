@@ -1,7 +1,8 @@
 // Decode (forward, m <= 8 rows of x): the weight is streamed once, at memory speed. The quantized formats'
 // kernels and their plans are described in matmul_decode_plans.cuh and instantiated by group in
 // matmul_decode_blocks32.cu, matmul_decode_superblocks.cu and matmul_decode_decoded.cu; here the type picks the
-// group, and float weights (F32/F16/BF16) keep the float kernel (matmul_decode_float.cuh).
+// group, and float weights (F32/F16/BF16) keep the float kernel (matmul_decode_float.cuh), which also takes every
+// weight type where x stays float (precise_x: precise_decode_plan).
 #include "kernels/cuda/matmul_common.cuh"
 #include "kernels/cuda/matmul_decode_float.cuh"
 
@@ -38,6 +39,19 @@ QuantizedMatmulPlan decode_plan(const QuantizedMatmulArgs& args, int ggml_type, 
       case GGML_EXT_TYPE_BF16: return float_plan<T, Weights_bf16>(args);
       default: return {};
     }
+  });
+  return {};
+}
+
+// precise_x at decode (a model's output head by default): before it, the float32 FMA tiles took these products, 64
+// rows of x per block of which one or a few were real, so a head of 32768 x 2048 did 64 times the FMAs it needed
+// (an estimated 0.5 ms a token at the 17.7 TFLOP/s those tiles reached on an H200 at 512 rows). The float kernel
+// reads the weight once, as the integer decode kernels do, with float32 FMAs per element of x.
+QuantizedMatmulPlan precise_decode_plan(const QuantizedMatmulArgs& args, int ggml_type, FloatType x_type) {
+  if (args.m < 1 || args.m > kDecodeMaxM || args.n <= 0) return {};
+  GGML_EXT_CUDA_FLOAT_SWITCH(x_type, kType, {
+    using T = typename Storage<kType>::type;
+    return with_weights(ggml_type, [&](auto weights) { return float_plan<T, decltype(weights)>(args); });
   });
   return {};
 }
