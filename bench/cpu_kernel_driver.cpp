@@ -7,7 +7,7 @@
 //   g++ $F -c kernels/cpu/matmul.cpp -o mm.o && g++ $F -c kernels/cpu/stream.cpp -o stream.o
 //   RUNTIME="kernels/cpu/runtime/isa.cpp kernels/cpu/runtime/parallel.cpp"
 //   g++ -std=c++20 -O2 -DGGML_EXT_X86_VARIANTS=1 -I. bench/cpu_kernel_driver.cpp $RUNTIME mm.o stream.o -o cpu_driver
-//   ./cpu_driver Q4_0 14336 4096 8 [reps]      # type, N, K, rows of x (m), rounds
+//   ./cpu_driver Q4_0 14336 4096 8 [reps]      # type, N, K, rows of x (m), rounds; PRECISE=1: precise_x
 // For the AVX2 variant: ISA="-mavx2 -mfma -mf16c -mbmi2", GGML_EXT_ISA=isa_avx2 in F, and -DDRIVER_ISA=isa_avx2 on
 // the driver's line (CPUs without AVX-512 VNNI + VBMI, e.g. Zen 3, run that variant).
 //
@@ -77,6 +77,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "unknown type, or K not a multiple of the block size, or a size <= 0\n");
     return 2;
   }
+  // PRECISE=1: x in two int8 passes (MatmulArgs::precise_x, what a model's output head takes by default).
+  const bool precise = std::getenv("PRECISE") && std::atoi(std::getenv("PRECISE")) == 1;
   constexpr int kWeights = 4;
   const int64_t block_bytes = ggml_ext_type_size(type->id);
   const int64_t row_bytes = k / ggml_ext_block_size(type->id) * block_bytes;
@@ -99,7 +101,8 @@ int main(int argc, char** argv) {
     double t0 = now();
     for (auto& w : weights) {
       DRIVER_ISA::quantized_matmul(
-          MatmulArgs{x.data(), FloatType::f32, w.data(), type->id, out.data(), FloatType::f32, m, n, k, false});
+          MatmulArgs{x.data(), FloatType::f32, w.data(), type->id, out.data(), FloatType::f32, m, n, k, false,
+                     precise});
     }
     product_s.push_back((now() - t0) / kWeights);
     t0 = now();
@@ -110,10 +113,12 @@ int main(int argc, char** argv) {
   }
   const double product = median(product_s), read = median(read_s), bytes = static_cast<double>(n * row_bytes);
   std::printf("{\"bench\": \"cpu_kernel_driver\", \"type\": \"%s\", \"shape\": [%lld, %lld], \"m\": %lld, "
-              "\"threads\": %d, \"rounds\": %d, \"time_ms\": %.4f, \"min_ms\": %.4f, \"weight_gbs\": %.2f, "
+              "\"precise_x\": %s, \"threads\": %d, \"rounds\": %d, \"time_ms\": %.4f, \"min_ms\": %.4f, "
+              "\"weight_gbs\": %.2f, "
               "\"read_roofline_gbs\": %.2f, \"fraction_of_roofline\": %.3f, \"out0\": %.6g}\n",
               type->name, static_cast<long long>(n), static_cast<long long>(k), static_cast<long long>(m),
-              num_threads(), rounds, product * 1e3, *std::min_element(product_s.begin(), product_s.end()) * 1e3,
+              precise ? "true" : "false", num_threads(), rounds, product * 1e3,
+              *std::min_element(product_s.begin(), product_s.end()) * 1e3,
               bytes / product / 1e9, bytes / read / 1e9, read / product, static_cast<double>(out[0]));
   return 0;
 }
