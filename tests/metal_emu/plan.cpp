@@ -58,6 +58,48 @@ void print(const MulMatIdPlan& p) {
               static_cast<unsigned long long>(p.scratch_bytes));
 }
 
+// attention: the main dispatch's plan with "combine" (null with one split) and "partials_bytes".
+void print(const AttentionPlan& p) {
+  std::string main = json(p.main);
+  main.pop_back();
+  std::printf("%s, \"combine\": %s, \"partials_bytes\": %llu}\n", main.c_str(),
+              p.combine.kernel.empty() ? "null" : json(p.combine).c_str(),
+              static_cast<unsigned long long>(p.partials_bytes));
+}
+
+// Four comma-separated integers (element strides).
+template <typename I>
+void ints4(const Fields& f, const char* key, I (&out)[4]) {
+  std::string s = field(f, key);
+  for (int i = 0; i < 4; ++i) {
+    const size_t comma = s.find(',');
+    out[i] = static_cast<I>(std::stoll(s.substr(0, comma)));
+    s = comma == std::string::npos ? "" : s.substr(comma + 1);
+  }
+}
+
+AttentionArgs attention_args(const Fields& f) {
+  AttentionArgs a{};
+  a.batch = u32(f, "batch");
+  a.q_heads = u32(f, "q_heads");
+  a.kv_heads = u32(f, "kv_heads");
+  a.q_len = u32(f, "q_len");
+  a.kv_len = u32(f, "kv_len");
+  a.head_dim = u32(f, "head_dim");
+  a.v_dim = u32(f, "v_dim");
+  ints4(f, "q_strides", a.q_strides);
+  ints4(f, "k_strides", a.k_strides);
+  ints4(f, "v_strides", a.v_strides);
+  a.has_mask = u32(f, "has_mask");
+  if (a.has_mask) ints4(f, "mask_strides", a.mask_strides);
+  a.has_sinks = u32(f, "has_sinks");
+  a.sinks_batch_stride = u32_or(f, "sinks_batch_stride", 0);
+  a.scale = f32(f, "scale");
+  a.softcap = f32(f, "softcap");
+  a.causal = u32(f, "causal");
+  return a;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -100,6 +142,8 @@ int main(int argc, char** argv) {
                                        u32(f, "N"), u32(f, "K"), u32(f, "row_bytes"),
                                        // the emulator's buffers start 128-byte aligned
                                        u32_or(f, "w_line", 0), u32_or(f, "x_line", 0)}));
+  } else if (op == "attention") {
+    print(plan_attention(field(f, "dtype"), attention_args(f)));
   } else {
     return 2;
   }
