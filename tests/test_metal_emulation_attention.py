@@ -56,12 +56,12 @@ def csv(values):
 
 def run(metal, dtype, shape, *, scale, step=1, extra_tokens=0, mask=None, causal=False, softcap=0.0, sinks=None,
         seed=0):
-    """Stores random q, k, v in `dtype` (k and v views of a larger cache), dispatches csrc/backend/metal's plan for
+    """Stores random q, k, v in `dtype` (views with element stride `step`; k and v of a larger cache), dispatches csrc/backend/metal's plan for
     the Attention primitive (the main kernel, then the combine when the keys are split) and returns
     (y as float64, expected float64, plan)."""
     b, hq, hk, tq, tk, d, dv = shape
     rng = np.random.default_rng(seed)
-    qb, qs, q = view(rng, (b, hq, tq, d), dtype)
+    qb, qs, q = view(rng, (b, hq, tq, d), dtype, step)
     kb, ks, k = view(rng, (b, hk, tk, d), dtype, step, extra_tokens)
     vb, vs, v = view(rng, (b, hk, tk, dv), dtype, step, extra_tokens)
     fields = dict(dtype=dtype, batch=b, q_heads=hq, kv_heads=hk, q_len=tq, kv_len=tk, head_dim=d, v_dim=dv,
@@ -106,7 +106,7 @@ def splits(plan):
     return plan["groups"][0]
 
 
-CASES = {  # name: ((B, Hq, Hk, Tq, Tk, D, Dv), element stride of k and v, extra cache rows around them)
+CASES = {  # name: ((B, Hq, Hk, Tq, Tk, D, Dv), element stride of q, k and v, extra cache rows around k and v)
     "decode_gqa": ((1, 4, 2, 1, 300, 64, 64), 1, 5),      # keys split between threadgroups, then combined
     "prefill": ((1, 4, 2, 19, 45, 40, 40), 1, 0),         # 3 query blocks of 8, the last partial; KV offset 26
     "d80_strided_dv": ((1, 3, 1, 5, 37, 80, 24), 2, 3),   # D 80 (two chunks, the second partial), Dv != D
