@@ -5,6 +5,7 @@ with the keys split between threadgroups and combined, prefill with a causal KV-
 and boolean masks (as the op hands them over: float32 0 / -inf) broadcast over batch and heads, a row that sees
 no key, softcap, sinks (per head, and per batch as vmap gives them), 16-bit inputs, strided views, head dims
 of every kernel (up to 128, 256, 512) and Dv != D. Nothing here ran on Apple hardware."""
+import json
 import sys
 
 import numpy as np
@@ -55,10 +56,11 @@ def csv(values):
 
 
 def run(metal, dtype, shape, *, scale, step=1, extra_tokens=0, mask=None, causal=False, softcap=0.0, sinks=None,
-        seed=0):
+        seed=0, traffic=False):
     """Stores random q, k, v in `dtype` (views with element stride `step`; k and v of a larger cache), dispatches csrc/backend/metal's plan for
     the Attention primitive (the main kernel, then the combine when the keys are split) and returns
-    (y as float64, expected float64, plan)."""
+    (y as float64, expected float64, plan); with `traffic`, plan["traffic"] holds the main dispatch's load
+    figures per buffer (tests/metal_emu/traffic.h)."""
     b, hq, hk, tq, tk, d, dv = shape
     rng = np.random.default_rng(seed)
     qb, qs, q = view(rng, (b, hq, tq, d), dtype, step)
@@ -81,7 +83,8 @@ def run(metal, dtype, shape, *, scale, step=1, extra_tokens=0, mask=None, causal
     buffers[5] = np.full(b * hq * tq * dv * itemsize, 0xFF, np.uint8)  # NaN bytes: every element must be written
     if plan["combine"] is not None:
         buffers[6] = np.full(plan["partials_bytes"], 0xA5, np.uint8)  # the main kernel writes what combine reads
-    out = metal.dispatch_plan(plan, buffers, args_index=7, seed=seed)
+    out = metal.dispatch_plan(plan, buffers, args_index=7, seed=seed, traffic=traffic)
+    plan["traffic"] = metal.traffic
     if plan["combine"] is not None:
         combine = dict(plan["combine"], args=bytes.fromhex(plan["combine"]["args"]))
         out = metal.dispatch_plan(combine, {4: buffers[4], 5: out[5], 6: out[6]}, args_index=7, seed=seed)
@@ -190,3 +193,19 @@ def test_every_kernel_the_glue_asks_for_exists(metal):
                       v_dim=8, q_strides="1,1,1,1", k_strides="1,1,1,1", v_strides="1,1,1,1", has_mask=0,
                       has_sinks=0, scale=1.0, softcap=0.0, causal=0)
     assert plan["kernel"] == ""
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+def test_decode_traffic(metal, dtype):
+    """Decode over 256 keys (GQA 4:1, D 64): the keys and values are requested once, in whole 128-byte lines, by
+    coalesced loads (4-element vectors: a float16 row by 2-byte elements would request each line twice)."""
+    shape = (1, 4, 1, 1, 256, 64, 64)
+    y, expected, plan = run(metal, dtype, shape, scale=0.125, seed=9, traffic=True)
+    check(y, expected, dtype, f"decode {dtype}")
+    kv_bytes = 256 * 64 * np.dtype(DTYPES[dtype][0]).itemsize
+    for index in (1, 2):  # k, v
+        t = plan["traffic"][index]
+        figures = {"kernel": plan["kernel"], "buffer": "kv"[index - 1], "bytes_per_byte": t["lines"] * 128 / kv_bytes,
+                   "coalesced_share": t["coalesced"] / t["instructions"], "threadgroup_bytes": plan["threadgroup_bytes"]}
+        print(json.dumps(figures))
+        assert figures["bytes_per_byte"] == 1.0 and figures["coalesced_share"] == 1.0, figures

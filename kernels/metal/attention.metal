@@ -9,7 +9,7 @@
 // unnormalized output O per row, in registers; no Tq x Tk matrix exists). Simdgroup s owns rows s, s + 4, ...:
 //   1. the queries are staged once in threadgroup memory as floats, pre-scaled (zeros past the head dim);
 //   2. scores: the key tile is staged 64 head-dim elements at a time as floats (coalesced loads by all 128
-//      threads); lane j dots key j with each of its simdgroup's rows (query reads are broadcasts, key rows
+//      threads, 4-element vectors where the rows allow them); lane j dots key j with each of its simdgroup's rows (query reads are broadcasts, key rows
 //      padded to 65 floats so the 32 lanes hit 32 banks); then softcap, mask, causal limit;
 //   3. softmax: a row's 32 scores are one per lane, so simd_max and simd_sum give the tile's max and sum at
 //      once; p goes to threadgroup memory, O is rescaled in registers;
@@ -22,8 +22,9 @@
 // 128, 256, 512): the rows and the accumulators' size are template constants.
 //
 // Not done (a first version): a threadgroup with a single valid row (decode without GQA) leaves 3 of its 4
-// simdgroups idle in steps 2-4 (the key splits supply the parallelism instead); loads are element by element
-// (no 4-element vectors); half-precision tiles or simdgroup matrices for long prefills.
+// simdgroups idle in steps 2-4 (the key splits supply the parallelism instead); a prefill threadgroup holds
+// 16 rows (8 for head dims over 256), so k and v are read once per 16 rows; no half-precision tiles or
+// simdgroup matrices for long prefills.
 #include "kernels/metal/common.h"
 
 enum {
@@ -71,10 +72,25 @@ struct RowBlock {
 };
 
 // Elements [c0, c0 + 64) of rows jt .. jt + 31 of one head's k or v into the tile as floats (row jj at
-// jj * kTileStride); zeros past the n rows of this step or past `dim`. Adjacent threads take adjacent elements.
+// jj * kTileStride); zeros past the n rows of this step or past `dim`. Adjacent threads take adjacent elements,
+// or adjacent 4-element vectors when `vec4` (unit element stride, rows on 4-element boundaries, dim % 4 == 0).
 template <typename T>
-inline void stage_tile(threadgroup float* tile, device const T* src, int token_stride, int element_stride, uint jt,
-                       uint n, uint c0, uint dim, uint tid) {
+inline void stage_tile(threadgroup float* tile, device const T* src, int token_stride, int element_stride, bool vec4,
+                       uint jt, uint n, uint c0, uint dim, uint tid) {
+  if (vec4) {
+    typedef typename Vec4<T>::type V;
+    for (uint e = tid; e < kAttentionKeyTile * kAttentionChunk / 4; e += kAttentionThreads) {
+      const uint jj = e / (kAttentionChunk / 4), c = 4 * (e % (kAttentionChunk / 4));
+      threadgroup float* dst = tile + jj * kTileStride + c;
+      if (jj < n && c0 + c < dim) {
+        const V x = *(device const V*)(src + long(jt + jj) * token_stride + long(c0 + c));
+        for (int u = 0; u < 4; ++u) dst[u] = FloatIO<T>::load(x[u]);
+      } else {
+        for (int u = 0; u < 4; ++u) dst[u] = 0.0f;
+      }
+    }
+    return;
+  }
   for (uint e = tid; e < kAttentionKeyTile * kAttentionChunk; e += kAttentionThreads) {
     const uint jj = e / kAttentionChunk, c = c0 + e % kAttentionChunk;
     float x = 0.0f;
@@ -153,7 +169,7 @@ template <typename T, uint kMaxDim>
     for (uint i = 0; i < kRowsPerSimd; ++i) s[i] = 0.0f;
     for (uint c0 = 0; c0 < dq; c0 += kAttentionChunk) {
       threadgroup_barrier(mem_flags::mem_threadgroup);  // the tile's last readers are done (and qs is written)
-      stage_tile(tile, kh, args.k_strides[2], args.k_strides[3], jt, n, c0, args.head_dim, tid);
+      stage_tile(tile, kh, args.k_strides[2], args.k_strides[3], args.k_vec4 != 0, jt, n, c0, args.head_dim, tid);
       threadgroup_barrier(mem_flags::mem_threadgroup);
       threadgroup const float* key = tile + lane * kTileStride;
       for (uint i = 0; i < kRowsPerSimd; ++i) {
@@ -180,7 +196,8 @@ template <typename T, uint kMaxDim>
     for (uint chunk = 0; chunk < kChunks; ++chunk) {
       if (chunk * kAttentionChunk >= args.v_dim) break;  // uniform over the threadgroup
       threadgroup_barrier(mem_flags::mem_threadgroup);
-      stage_tile(tile, vh, args.v_strides[2], args.v_strides[3], jt, n, chunk * kAttentionChunk, args.v_dim, tid);
+      stage_tile(tile, vh, args.v_strides[2], args.v_strides[3], args.v_vec4 != 0, jt, n, chunk * kAttentionChunk,
+                 args.v_dim, tid);
       threadgroup_barrier(mem_flags::mem_threadgroup);
       for (uint j = 0; j < n; ++j) {
         const float v0 = tile[j * kTileStride + lane], v1 = tile[j * kTileStride + lane + 32];

@@ -89,6 +89,7 @@ struct AttentionArgs {
   float scale, softcap;
   uint32_t causal;
   uint32_t heads_per_group, queries_per_group, head_chunks, splits, keys_per_split;
+  uint32_t k_vec4, v_vec4;  // 4-element loads of k / v rows (launch_plans.h's attention_vec4)
 };
 // Rows (query head x position) per threadgroup for the kernel of head dims up to max_dim (128, 256 or 512):
 // the queries stay in threadgroup memory as floats (rows x max_dim x 4 bytes: 16 KiB at most).

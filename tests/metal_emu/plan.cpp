@@ -143,7 +143,8 @@ int main(int argc, char** argv) {
                                        // the emulator's buffers start 128-byte aligned
                                        u32_or(f, "w_line", 0), u32_or(f, "x_line", 0)}));
   } else if (op == "attention") {
-    print(plan_attention(field(f, "dtype"), attention_args(f)));
+    // the emulator's buffers start 128-byte aligned
+    print(plan_attention(field(f, "dtype"), attention_args(f), u32_or(f, "k_line", 0), u32_or(f, "v_line", 0)));
   } else {
     return 2;
   }

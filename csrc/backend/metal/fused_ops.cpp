@@ -90,7 +90,8 @@ void Attention::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
   args.scale = shape.scale;
   args.softcap = shape.softcap;
   args.causal = shape.causal;
-  const auto plan = gm::plan_attention(metal_dtype_suffix(out.dtype()), args);
+  const auto plan = gm::plan_attention(metal_dtype_suffix(out.dtype()), args, gm::line_offset(k.data<uint8_t>()),
+                                       gm::line_offset(v.data<uint8_t>()));
   if (plan.main.kernel.empty()) {
     throw std::invalid_argument(cat("[", op, "] no Metal kernel for q ", shape_str(q.shape()), ", k ",
                                     shape_str(k.shape()), ", v ", shape_str(v.shape()), " (head dims up to ",
