@@ -49,23 +49,22 @@ void print(const Plan<Args>& p) {
   std::printf("%s\n", json(p).c_str());
 }
 
-// mul_mat_id: the product's plan, with the grouping dispatch ("group": null without one) and the scratch size.
-void print(const MulMatIdPlan& p) {
-  std::string product = json(p.product);
-  product.pop_back();
-  std::printf("%s, \"group\": %s, \"scratch_bytes\": %llu}\n", product.c_str(),
-              p.group.kernel.empty() ? "null" : json(p.group).c_str(),
-              static_cast<unsigned long long>(p.scratch_bytes));
+// A plan of two dispatches: the first's JSON with the other one under `key` (null when there is none, kernel "")
+// and the size of the buffer between them under `bytes_key`.
+template <typename Args>
+void print_pair(const Plan<Args>& first, const char* key, const Plan<Args>& other, const char* bytes_key,
+                uint64_t bytes) {
+  std::string head = json(first);
+  head.pop_back();
+  std::printf("%s, \"%s\": %s, \"%s\": %llu}\n", head.c_str(), key,
+              other.kernel.empty() ? "null" : json(other).c_str(), bytes_key, static_cast<unsigned long long>(bytes));
 }
 
-// attention: the main dispatch's plan with "combine" (null with one split) and "partials_bytes".
-void print(const AttentionPlan& p) {
-  std::string main = json(p.main);
-  main.pop_back();
-  std::printf("%s, \"combine\": %s, \"partials_bytes\": %llu}\n", main.c_str(),
-              p.combine.kernel.empty() ? "null" : json(p.combine).c_str(),
-              static_cast<unsigned long long>(p.partials_bytes));
-}
+// mul_mat_id: the product's plan, with the grouping dispatch ("group") and the scratch size.
+void print(const MulMatIdPlan& p) { print_pair(p.product, "group", p.group, "scratch_bytes", p.scratch_bytes); }
+
+// attention: the main dispatch's plan with the combine ("combine", null with one split) and the partials' size.
+void print(const AttentionPlan& p) { print_pair(p.main, "combine", p.combine, "partials_bytes", p.partials_bytes); }
 
 // Four comma-separated integers (element strides).
 template <typename I>
