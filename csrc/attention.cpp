@@ -8,6 +8,7 @@ namespace {
 
 constexpr const char* kOp = "attention";
 constexpr int kMaxCudaHeadDim = Attention::kMaxCudaHeadDim;
+constexpr int kMaxMetalHeadDim = Attention::kMaxMetalHeadDim;
 
 // inputs: q, k, v, then the mask and the sinks where given (has_sinks says whether the last one is the sinks).
 mx::array attention_node(const std::vector<mx::array>& inputs, float scale, float softcap, bool causal,
@@ -134,10 +135,11 @@ mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, 
                     bool causal, float scale, float softcap, const std::optional<mx::array>& sinks,
                     mx::StreamOrDevice s) {
   const bool on_gpu = mx::to_stream(s).device == mx::Device::gpu;
-  if (on_gpu && std::string(gpu_backend()) != "cuda") {
-    throw not_implemented_error(cat("[", kOp, "] has a CPU and a CUDA kernel but none for this GPU backend (",
-                                    gpu_backend(), "; Metal's is not written yet): on this GPU use "
-                                    "mx.fast.scaled_dot_product_attention, or run this op with stream=mx.cpu."));
+  const std::string backend = gpu_backend();
+  if (on_gpu && backend != "cuda" && backend != "metal") {
+    throw not_implemented_error(cat("[", kOp, "] has CPU, CUDA and Metal kernels but none for this GPU backend (",
+                                    backend, "): use mx.fast.scaled_dot_product_attention, or run this op with "
+                                    "stream=mx.cpu."));
   }
   check_4d(q, "q");
   check_4d(k, "k");
@@ -153,7 +155,12 @@ mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, 
     throw std::invalid_argument(cat("[", kOp, "] softcap must be finite and >= 0 (0: none), got ", softcap, "."));
   }
   if (mask && causal) throw std::invalid_argument(cat("[", kOp, "] give either a mask array or 'causal', not both."));
-  if (on_gpu && (q.shape(3) > kMaxCudaHeadDim || v.shape(3) > kMaxCudaHeadDim)) {
+  if (on_gpu && backend == "metal" && (q.shape(3) > kMaxMetalHeadDim || v.shape(3) > kMaxMetalHeadDim)) {
+    throw std::invalid_argument(cat("[", kOp, "] the Metal kernel takes head dims up to ", kMaxMetalHeadDim,
+                                    ", got q ", shape_str(q.shape()), ", v ", shape_str(v.shape()),
+                                    "; run this op with stream=mx.cpu."));
+  }
+  if (on_gpu && backend == "cuda" && (q.shape(3) > kMaxCudaHeadDim || v.shape(3) > kMaxCudaHeadDim)) {
     throw std::invalid_argument(cat("[", kOp, "] the CUDA kernel takes head dims up to ", kMaxCudaHeadDim, ", got D ",
                                     q.shape(3), ", Dv ", v.shape(3), "; run this op with stream=mx.cpu."));
   }

@@ -10,7 +10,8 @@ namespace mlx_ggml_ext {
 // q (B, Hq, Tq, D), k (B, Hk, Tk, D), v (B, Hk, Tk, Dv), Hq a multiple of Hk; float dtypes promoted to one.
 // mask: additive float (or bool: True keeps) broadcastable to (B, Hq, Tq, Tk); causal: key j visible to query i
 // when j <= i + Tk - Tq. sinks: (Hq,) per-head logits that join each row's softmax denominator only.
-// Output (B, Hq, Tq, Dv) in the common dtype. CPU and CUDA (Metal: not_implemented_error).
+// Output (B, Hq, Tq, Dv) in the common dtype. CPU, CUDA and Metal (the latter checked only in the project's
+// Metal emulator).
 mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, const std::optional<mx::array>& mask,
                     bool causal, float scale, float softcap, const std::optional<mx::array>& sinks = std::nullopt,
                     mx::StreamOrDevice s = {});
@@ -22,6 +23,9 @@ class Attention : public mx::UnaryPrimitive {
   // The head dims the CUDA kernel takes (its shared-memory tiles; kernels/cuda/kernels.h's kAttentionMaxHeadDim,
   // which the CUDA glue asserts equal): checked where the graph is built, in builds without the CUDA headers too.
   static constexpr int kMaxCudaHeadDim = 512;
+  // The Metal kernel's (kernels/metal/params.h's kAttentionMaxHeadDim: its three kernels by head dim, up to 128,
+  // 256 and 512; the Metal glue asserts them equal).
+  static constexpr int kMaxMetalHeadDim = 512;
 
   Attention(mx::Stream stream, float scale, float softcap, bool causal, bool has_sinks)
       : mx::UnaryPrimitive(stream), scale_(scale), softcap_(softcap), causal_(causal), has_sinks_(has_sinks) {}
@@ -47,7 +51,7 @@ class Attention : public mx::UnaryPrimitive {
   int sinks_index(const std::vector<mx::array>& inputs) const {
     return has_sinks_ ? static_cast<int>(inputs.size()) - 1 : -1;
   }
-  // The fields the CPU's and CUDA's argument structs share: shapes, parameters, the mask's element strides (0 on
+  // The fields the backends' argument structs share: shapes, parameters, the mask's element strides (0 on
   // a broadcast axis) and the sinks' batch stride (0 for (Hq,), Hq for (B, Hq)). Pointers are each backend's.
   template <class Args>
   void describe(const std::vector<mx::array>& inputs, Args& args) const {

@@ -242,8 +242,8 @@ def attention(q: mx.array, k: mx.array, v: mx.array, mask: Union[mx.array, str, 
     (gpt-oss's attention sinks, as ggml's ``ggml_flash_attn_ext_add_sinks`` and MLX's ``sinks=``): the row's
     max is taken over its scores and the sink, and ``exp(sink - max)`` is added to the sum. A query that sees
     no key gets zeros (as ggml; MLX's gives NaN), with or without a sink. Output ``(B, Hq, Tq, Dv)``.
-    CPU (flash-style, threaded, SIMD) and CUDA (flash-style, head dims up to 512); on Metal it raises
-    NotImplementedError (no Metal kernel yet: use mx.fast.scaled_dot_product_attention there).
+    CPU (flash-style, threaded, SIMD), CUDA and Metal (flash-style, head dims up to 512; the Metal kernel is
+    checked only in the project's Metal emulator, not yet on Apple hardware).
     Differentiable in q, k, v, the mask and the sinks (the backward pass is MLX's composed ops: correct, not
     fast); supports vmap and mx.compile.
     """

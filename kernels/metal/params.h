@@ -67,4 +67,32 @@ struct MulMatIdArgs {
   uint32_t w_line, x_line;
 };
 
+// The Attention primitive (csrc/attention.h; kernels/metal/attention.metal): q (batch, q_heads, q_len,
+// head_dim), k (batch, kv_heads, kv_len, head_dim), v (batch, kv_heads, kv_len, v_dim), each read through its
+// element strides (batch, head, token, element; signed: any view MLX makes); y (batch, q_heads, q_len, v_dim)
+// row-major. mask: additive float32 with element strides (0 on a broadcast axis), when has_mask; sinks: one
+// float32 logit per (batch, query head) at b * sinks_batch_stride + h, when has_sinks. softcap 0: none.
+// The tiling (launch_plans.h, plan_attention): a threadgroup takes heads_per_group query heads of one kv
+// head's group times queries_per_group positions, over keys_per_split keys; splits > 1: per-split partial
+// results, then attention_combine.
+enum {
+  kAttentionThreads = 128,      // 4 simdgroups
+  kAttentionKeyTile = 32,       // keys per step: a lane per key in the scores
+  kAttentionChunk = 64,         // head-dim elements of k (or columns of v) staged at a time
+  kAttentionMaxHeadDim = 512,   // head_dim and v_dim
+};
+struct AttentionArgs {
+  uint32_t batch, q_heads, kv_heads, q_len, kv_len, head_dim, v_dim;
+  int32_t q_strides[4], k_strides[4], v_strides[4];
+  uint32_t mask_strides[4];
+  uint32_t has_mask, has_sinks, sinks_batch_stride;
+  float scale, softcap;
+  uint32_t causal;
+  uint32_t heads_per_group, queries_per_group, head_chunks, splits, keys_per_split;
+  uint32_t k_vec4, v_vec4;  // 4-element loads of k / v rows (launch_plans.h's attention_vec4)
+};
+// Rows (query head x position) per threadgroup for the kernel of head dims up to max_dim (128, 256 or 512):
+// the queries stay in threadgroup memory as floats (rows x max_dim x 4 bytes: 16 KiB at most).
+constexpr uint32_t attention_rows(uint32_t max_dim) { return max_dim <= 256 ? 16 : 8; }
+
 }  // namespace ggml_ext_metal

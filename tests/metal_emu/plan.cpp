@@ -49,13 +49,54 @@ void print(const Plan<Args>& p) {
   std::printf("%s\n", json(p).c_str());
 }
 
-// mul_mat_id: the product's plan, with the grouping dispatch ("group": null without one) and the scratch size.
-void print(const MulMatIdPlan& p) {
-  std::string product = json(p.product);
-  product.pop_back();
-  std::printf("%s, \"group\": %s, \"scratch_bytes\": %llu}\n", product.c_str(),
-              p.group.kernel.empty() ? "null" : json(p.group).c_str(),
-              static_cast<unsigned long long>(p.scratch_bytes));
+// A plan of two dispatches: the first's JSON with the other one under `key` (null when there is none, kernel "")
+// and the size of the buffer between them under `bytes_key`.
+template <typename Args>
+void print_pair(const Plan<Args>& first, const char* key, const Plan<Args>& other, const char* bytes_key,
+                uint64_t bytes) {
+  std::string head = json(first);
+  head.pop_back();
+  std::printf("%s, \"%s\": %s, \"%s\": %llu}\n", head.c_str(), key,
+              other.kernel.empty() ? "null" : json(other).c_str(), bytes_key, static_cast<unsigned long long>(bytes));
+}
+
+// mul_mat_id: the product's plan, with the grouping dispatch ("group") and the scratch size.
+void print(const MulMatIdPlan& p) { print_pair(p.product, "group", p.group, "scratch_bytes", p.scratch_bytes); }
+
+// attention: the main dispatch's plan with the combine ("combine", null with one split) and the partials' size.
+void print(const AttentionPlan& p) { print_pair(p.main, "combine", p.combine, "partials_bytes", p.partials_bytes); }
+
+// Four comma-separated integers (element strides).
+template <typename I>
+void ints4(const Fields& f, const char* key, I (&out)[4]) {
+  std::string s = field(f, key);
+  for (int i = 0; i < 4; ++i) {
+    const size_t comma = s.find(',');
+    out[i] = static_cast<I>(std::stoll(s.substr(0, comma)));
+    s = comma == std::string::npos ? "" : s.substr(comma + 1);
+  }
+}
+
+AttentionArgs attention_args(const Fields& f) {
+  AttentionArgs a{};
+  a.batch = u32(f, "batch");
+  a.q_heads = u32(f, "q_heads");
+  a.kv_heads = u32(f, "kv_heads");
+  a.q_len = u32(f, "q_len");
+  a.kv_len = u32(f, "kv_len");
+  a.head_dim = u32(f, "head_dim");
+  a.v_dim = u32(f, "v_dim");
+  ints4(f, "q_strides", a.q_strides);
+  ints4(f, "k_strides", a.k_strides);
+  ints4(f, "v_strides", a.v_strides);
+  a.has_mask = u32(f, "has_mask");
+  if (a.has_mask) ints4(f, "mask_strides", a.mask_strides);
+  a.has_sinks = u32(f, "has_sinks");
+  a.sinks_batch_stride = u32_or(f, "sinks_batch_stride", 0);
+  a.scale = f32(f, "scale");
+  a.softcap = f32(f, "softcap");
+  a.causal = u32(f, "causal");
+  return a;
 }
 
 }  // namespace
@@ -100,6 +141,9 @@ int main(int argc, char** argv) {
                                        u32(f, "N"), u32(f, "K"), u32(f, "row_bytes"),
                                        // the emulator's buffers start 128-byte aligned
                                        u32_or(f, "w_line", 0), u32_or(f, "x_line", 0)}));
+  } else if (op == "attention") {
+    // the emulator's buffers start 128-byte aligned
+    print(plan_attention(field(f, "dtype"), attention_args(f), u32_or(f, "k_line", 0), u32_or(f, "v_line", 0)));
   } else {
     return 2;
   }

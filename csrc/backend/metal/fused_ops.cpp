@@ -1,6 +1,10 @@
-// Metal eval_gpu of the fused ops: GLU through kernels/metal/glu.metal (launch plan in launch_plans.h, which the
-// emulator tests dispatch too; not run on Apple hardware). Attention has no Metal kernel: its op refuses a GPU
-// stream when the graph is built, pointing to mx.fast.scaled_dot_product_attention.
+// Metal eval_gpu of the fused ops: GLU through kernels/metal/glu.metal, attention through
+// kernels/metal/attention.metal (one dispatch, or two when the keys are split: the splits' partial results,
+// then their combine). Launch plans in launch_plans.h, which the emulator tests dispatch too; not run on Apple
+// hardware.
+#include <cstdint>
+#include <limits>
+
 #include "csrc/attention.h"
 #include "csrc/backend/metal/metal_kernel.h"
 #include "csrc/glu.h"
@@ -8,6 +12,33 @@
 namespace mlx_ggml_ext {
 
 namespace gm = ggml_ext_metal;
+
+static_assert(Attention::kMaxMetalHeadDim == gm::kAttentionMaxHeadDim, "the graph-time check and the kernel agree");
+
+namespace {
+
+// What Attention::describe fills, before the checked narrowing to the kernel's 32-bit argument block.
+struct AttentionShape {
+  int64_t batch, q_heads, kv_heads, q_len, kv_len, head_dim, v_dim;
+  float scale, softcap;
+  bool causal;
+  int64_t mask_strides[4] = {0, 0, 0, 0};
+  int64_t sinks_batch_stride = 0;
+};
+
+// q, k and v's element strides (signed: any view MLX makes) as the kernel's int32 strides.
+void checked_strides(const mx::array& a, const char* name, int32_t (&out)[4]) {
+  for (int ax = 0; ax < 4; ++ax) {
+    const int64_t s = a.strides()[ax];
+    if (s < std::numeric_limits<int32_t>::min() || s > std::numeric_limits<int32_t>::max()) {
+      throw std::invalid_argument(cat("[attention] ", name, " of shape ", shape_str(a.shape()), " has stride ", s,
+                                      " on axis ", ax, ", too large for the Metal kernel (copy it first)."));
+    }
+    out[ax] = static_cast<int32_t>(s);
+  }
+}
+
+}  // namespace
 
 void GLU::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
   constexpr const char* op = "glu";
@@ -32,6 +63,62 @@ void GLU::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
       .dispatch(plan.grid);
 }
 
-MLX_GGML_EXT_NO_GPU_KERNEL(Attention)
+void Attention::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  constexpr const char* op = "attention";
+  // q, k and v are read through their strides (a KV cache's slice in place); the mask and sinks row-contiguous.
+  const auto &q = inputs[0], &k = inputs[1], &v = inputs[2];
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  if (out.size() == 0) return;
+  AttentionShape shape{};
+  describe(inputs, shape);
+  gm::AttentionArgs args{};
+  args.batch = checked_u32(shape.batch, op, "batch");
+  args.q_heads = checked_u32(shape.q_heads, op, "query heads");
+  args.kv_heads = checked_u32(shape.kv_heads, op, "kv heads");
+  args.q_len = checked_u32(shape.q_len, op, "queries");
+  args.kv_len = checked_u32(shape.kv_len, op, "keys");
+  args.head_dim = checked_u32(shape.head_dim, op, "head dim");
+  args.v_dim = checked_u32(shape.v_dim, op, "value dim");
+  checked_strides(q, "q", args.q_strides);
+  checked_strides(k, "k", args.k_strides);
+  checked_strides(v, "v", args.v_strides);
+  const int mask = mask_index(inputs), sinks = sinks_index(inputs);
+  for (int ax = 0; ax < 4; ++ax) args.mask_strides[ax] = checked_u32(shape.mask_strides[ax], op, "mask stride");
+  args.has_mask = mask >= 0;
+  args.has_sinks = sinks >= 0;
+  args.sinks_batch_stride = checked_u32(shape.sinks_batch_stride, op, "sinks' batch stride");
+  args.scale = shape.scale;
+  args.softcap = shape.softcap;
+  args.causal = shape.causal;
+  const auto plan = gm::plan_attention(metal_dtype_suffix(out.dtype()), args, gm::line_offset(k.data<uint8_t>()),
+                                       gm::line_offset(v.data<uint8_t>()));
+  if (plan.main.kernel.empty()) {
+    throw std::invalid_argument(cat("[", op, "] no Metal kernel for q ", shape_str(q.shape()), ", k ",
+                                    shape_str(k.shape()), ", v ", shape_str(v.shape()), " (head dims up to ",
+                                    gm::kAttentionMaxHeadDim, "; grid counts within 32 bits)."));
+  }
+  // An absent mask or sinks is never read: q stands in for its buffer (as the partials with one split).
+  MetalKernel main(stream(), plan.main.kernel);
+  main.input(q, 0).input(k, 1).input(v, 2).input(mask >= 0 ? inputs[mask] : q, 3);
+  main.input(sinks >= 0 ? inputs[sinks] : q, 4).output(out, 5).bytes(plan.main.args, 7);
+  if (plan.combine.kernel.empty()) {
+    main.input(q, 6).dispatch(plan.main.grid);
+    return;
+  }
+  const uint64_t partial_floats = plan.partials_bytes / 4;
+  if (partial_floats > static_cast<uint64_t>(std::numeric_limits<int32_t>::max())) {
+    throw std::invalid_argument(cat("[", op, "] q ", shape_str(q.shape()), " with ", plan.main.args.splits,
+                                    " key splits needs more partial results than one buffer holds."));
+  }
+  mx::array partials(mx::Shape{static_cast<int32_t>(partial_floats)}, mx::float32, nullptr, {});
+  partials.set_data(mx::allocator::malloc(partials.nbytes()));
+  main.output(partials, 6).dispatch(plan.main.grid);
+  MetalKernel(stream(), plan.combine.kernel)
+      .input(sinks >= 0 ? inputs[sinks] : q, 4)
+      .output(out, 5)
+      .temporary_input(partials, 6)  // kept alive until the GPU is done with it
+      .bytes(plan.combine.args, 7)
+      .dispatch(plan.combine.grid);
+}
 
 }  // namespace mlx_ggml_ext

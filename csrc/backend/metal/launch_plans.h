@@ -174,4 +174,72 @@ inline MulMatIdPlan plan_mul_mat_id(const std::string& type_name, const std::str
           mul_mat_id_scratch_bytes(args)};
 }
 
+// attention (kernels/metal/attention.metal): attention_d<128|256|512>_<dtype> by the larger head dim, a
+// threadgroup of kAttentionThreads per (key split, query block x head chunk, batch x kv head); when the keys
+// are split, attention_combine_<dtype> (a threadgroup per output row) merges the splits' partial results from
+// a float32 buffer of partials_bytes. The args' shape fields come from the host; the tiling fields and the
+// vector-load flags are set here.
+// Kernel "" (no plan): a head dim past kAttentionMaxHeadDim, no kv heads (the op checks both first), or a grid
+// past 32-bit counts.
+struct AttentionPlan {
+  Plan<AttentionArgs> main;
+  Plan<AttentionArgs> combine;  // kernel "" with one split
+  uint64_t partials_bytes;      // (rows, splits, v_dim + 2) floats; 0 with one split
+};
+// Threadgroups the key splits aim for: a few per GPU core on the larger M-series parts (a guess: nothing here
+// has been timed on a Mac).
+constexpr uint32_t kAttentionTargetThreadgroups = 128;
+inline uint32_t attention_max_dim(uint32_t head_dim, uint32_t v_dim) {
+  const uint32_t d = std::max(head_dim, v_dim);
+  return d <= 128 ? 128 : d <= 256 ? 256 : 512;
+}
+inline uint32_t attention_threadgroup_bytes(uint32_t max_dim, uint32_t head_dim) {
+  const uint32_t rows = attention_rows(max_dim);
+  const uint32_t dq = ceil_div_u32(head_dim, kAttentionChunk) * kAttentionChunk;  // staged queries' row
+  return round_up_16(4ull * (rows * dq + kAttentionKeyTile * (kAttentionChunk + 1) + rows * kAttentionKeyTile));
+}
+// Whether a k or v view allows 4-element vector loads of its rows: unit element stride, whole vectors per row,
+// and every row on a 4-element boundary (line: the view's first byte's address modulo 128, which the host knows).
+inline bool attention_vec4(uint32_t line, const int32_t (&strides)[4], uint32_t dim, uint32_t element_bytes) {
+  return strides[3] == 1 && dim % 4 == 0 && line % (4 * element_bytes) == 0 && strides[0] % 4 == 0 &&
+         strides[1] % 4 == 0 && strides[2] % 4 == 0;
+}
+inline AttentionPlan plan_attention(const std::string& dtype, AttentionArgs a, uint32_t k_line, uint32_t v_line) {
+  AttentionPlan plan{{"", a, {{0, 0, 0}, 0, 0}}, {"", a, {{0, 0, 0}, 0, 0}}, 0};
+  if (a.head_dim < 1 || a.v_dim < 1 || a.head_dim > kAttentionMaxHeadDim || a.v_dim > kAttentionMaxHeadDim ||
+      a.kv_heads < 1 || a.q_heads % a.kv_heads != 0) {
+    return plan;
+  }
+  const uint32_t max_dim = attention_max_dim(a.head_dim, a.v_dim), rows = attention_rows(max_dim);
+  const uint32_t group = a.q_heads / a.kv_heads;
+  a.heads_per_group = std::min(group, rows);
+  a.queries_per_group = std::max(1u, std::min(a.q_len, rows / a.heads_per_group));
+  a.head_chunks = ceil_div_u32(group, a.heads_per_group);
+  const uint64_t q_blocks = ceil_div_u32(a.q_len, a.queries_per_group);
+  const uint64_t groups = q_blocks * a.head_chunks * uint64_t(a.batch) * a.kv_heads;
+  const uint64_t out_rows = uint64_t(a.batch) * a.q_heads * a.q_len;
+  if (q_blocks * a.head_chunks > UINT32_MAX || uint64_t(a.batch) * a.kv_heads > UINT32_MAX || out_rows > UINT32_MAX) {
+    return plan;
+  }
+  // Split the keys until about kAttentionTargetThreadgroups exist, each split at least two key tiles (a split's
+  // fixed costs: its queries, its partial results).
+  const uint64_t tiles = ceil_div_u32(a.kv_len, kAttentionKeyTile);
+  uint64_t splits = groups >= kAttentionTargetThreadgroups ? 1 : ceil_div_u32(kAttentionTargetThreadgroups, groups);
+  splits = std::max<uint64_t>(1, std::min(splits, tiles / 2));
+  const uint64_t tiles_per_split = std::max<uint64_t>(1, ceil_div_u32(tiles, splits));
+  a.keys_per_split = static_cast<uint32_t>(tiles_per_split * kAttentionKeyTile);
+  a.splits = splits > 1 ? ceil_div_u32(a.kv_len, a.keys_per_split) : 1;
+  a.k_vec4 = attention_vec4(k_line, a.k_strides, a.head_dim, dtype_bytes(dtype));
+  a.v_vec4 = attention_vec4(v_line, a.v_strides, a.v_dim, dtype_bytes(dtype));
+  plan.main = {"attention_d" + std::to_string(max_dim) + "_" + dtype, a,
+               {{a.splits, static_cast<uint32_t>(q_blocks * a.head_chunks), a.batch * a.kv_heads}, kAttentionThreads,
+                attention_threadgroup_bytes(max_dim, a.head_dim)}};
+  if (a.splits > 1) {
+    plan.partials_bytes = out_rows * a.splits * (uint64_t(a.v_dim) + 2) * 4;
+    const uint32_t threads = std::clamp<uint32_t>(ceil_div_u32(a.v_dim, 32) * 32, 32, 128);
+    plan.combine = {"attention_combine_" + dtype, a, {{static_cast<uint32_t>(out_rows), 1, 1}, threads, 0}};
+  }
+  return plan;
+}
+
 }  // namespace ggml_ext_metal
