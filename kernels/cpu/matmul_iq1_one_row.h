@@ -35,6 +35,10 @@ inline __attribute__((always_inline)) vf32x8 chunk_coefficient_sums(__m256i coef
   return (vf32x8)_mm256_fmadd_ps(lo, _mm256_loadu_ps(chunk_q), _mm256_mul_ps(hi, _mm256_loadu_ps(chunk_q + 8)));
 }
 
+// The stored indices are read back from memory: kept in vectors, GCC takes each out with vpextrw (2 operations
+// on Zen 3) where a load is one.
+inline __attribute__((always_inline)) void from_memory(uint16_t (&idx)[32]) { asm("" : "+m"(idx)); }
+
 // 8 * grid + 8 for the four groups of sub-block ib, from the stored indices.
 inline __attribute__((always_inline)) __m256i grid32(const uint16_t* idx, int ib, const GridBytes& t) {
   return (__m256i)entries8(t.iq1s[idx[4 * ib]], t.iq1s[idx[4 * ib + 1]], t.iq1s[idx[4 * ib + 2]],
@@ -65,6 +69,7 @@ struct Iq1sBlock {
           _mm256_or_si256(low, _mm256_and_si256(_mm256_srli_epi16(_mm256_mullo_epi16(high, mul), 1), mask));
       _mm256_store_si256(reinterpret_cast<__m256i*>(idx + 16 * h), index);
     }
+    from_memory(idx);
     // per sub-block: 2s + 1 (bits 12..14) for both chunks; delta - 8 = -7, or -9 with bit 15
     const __m128i odd = _mm_add_epi16(_mm_and_si128(_mm_srli_epi16(qh, 11), _mm_set1_epi16(14)), _mm_set1_epi16(1));
     is.set((vi8x16)_mm_or_si128(odd, _mm_slli_epi16(odd, 8)), d);
@@ -111,6 +116,7 @@ struct Iq1mBlock {
       const __m256i index = _mm256_or_si256(low, _mm256_and_si256(_mm256_mullo_epi16(high, mul), mask));
       _mm256_store_si256(reinterpret_cast<__m256i*>(idx + 16 * h), index);
     }
+    from_memory(idx);
     // the delta's sign of group g: bit 3 (g even) or 7 (g odd) of qh[g / 2]; 2 where it is clear (delta + 1)
     const __m128i bit = _mm_set1_epi16(static_cast<short>(0x8008));
     const __m128i two = _mm_set1_epi8(2);
