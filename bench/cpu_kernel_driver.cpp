@@ -51,7 +51,8 @@ const TypeInfo kTypes[] = {
     {"Q3_K", GGML_EXT_TYPE_Q3_K, {108}},   {"Q4_K", GGML_EXT_TYPE_Q4_K, {0, 2}},
     {"Q5_K", GGML_EXT_TYPE_Q5_K, {0, 2}},  {"Q6_K", GGML_EXT_TYPE_Q6_K, {208}},
     {"IQ4_NL", GGML_EXT_TYPE_IQ4_NL, {0}}, {"IQ4_XS", GGML_EXT_TYPE_IQ4_XS, {0}},
-    {"MXFP4", GGML_EXT_TYPE_MXFP4, {}},
+    {"MXFP4", GGML_EXT_TYPE_MXFP4, {}},   {"IQ1_S", GGML_EXT_TYPE_IQ1_S, {0}},
+    {"IQ1_M", GGML_EXT_TYPE_IQ1_M, {}},    {"IQ2_XXS", GGML_EXT_TYPE_IQ2_XXS, {0}},
 };
 
 double now() {
@@ -90,6 +91,12 @@ int main(int argc, char** argv) {
     for (int64_t at = 0; at < static_cast<int64_t>(w.size()); at += block_bytes) {
       for (int field : type->half_fields) std::memcpy(&w[at + field], &scale, 2);
       if (type->id == GGML_EXT_TYPE_MXFP4) w[at] = 120;
+      if (type->id == GGML_EXT_TYPE_IQ1_M) {  // d's nibbles: the top of each of the 4 scale words
+        for (int q = 0; q < 4; ++q) {
+          uint8_t& top = w[at + 49 + 2 * q];
+          top = static_cast<uint8_t>((top & 0x0F) | (((scale >> (4 * q)) & 0xF) << 4));
+        }
+      }
     }
   }
   std::vector<float> x(m * k), out(m * n);

@@ -63,7 +63,7 @@ struct IntChunkScales<StagedFormat> : IntChunkScalesBase {
 
 // ---------------------------------------------------------------------------------------------------
 // Byte tables of the grids: entry e's values as consecutive bytes (IQ2: 8 values {8, 25, 43}; IQ1: 8 values
-// times 8, {-8, 0, 8}; IQ3: 4 values), and ggml's ksigns (7 stored sign bits and their parity bit) for 128 codes
+// times 8, plus 8, {0, 8, 16}: unsigned for matmul_iq1_one_row.h's maddubs; IQ3: 4 values), and ggml's ksigns (7 stored sign bits and their parity bit) for 128 codes
 // as 8 byte masks each (0xFF where the element is negative): a 7-bit sign field is one table load, where
 // spreading the ksigns byte's bits over the lanes took a dozen scalar and vector steps per 32 codes.
 // Made on first use by the variant that runs (a static initializer of the AVX-512 objects would run anywhere).
@@ -92,7 +92,7 @@ inline const GridBytes& grid_bytes() {
     fill_grid_bytes<uint64_t, 8>(t.iq2xs, GGML_EXT_GRID(iq2xs), GGML_EXT_IQ2XS_GRID_SIZE, iq2);
     fill_grid_bytes<uint64_t, 8>(t.iq2s, GGML_EXT_GRID(iq2s), GGML_EXT_IQ2S_GRID_SIZE, iq2);
     fill_grid_bytes<uint64_t, 8>(t.iq1s, GGML_EXT_GRID(iq1s), GGML_EXT_IQ1S_GRID_SIZE,
-                                 [](uint32_t w, int j) { return 8 * ggml_ext_iq1_grid_value(w, j); });
+                                 [](uint32_t w, int j) { return 8 * ggml_ext_iq1_grid_value(w, j) + 8; });
     fill_grid_bytes<uint32_t, 4>(t.iq3xxs, GGML_EXT_GRID(iq3xxs), GGML_EXT_IQ3XXS_GRID_SIZE,
                                  [](uint32_t w, int j) { return ggml_ext_iq3xxs_grid_value(w, j); });
     fill_grid_bytes<uint32_t, 4>(t.iq3s, GGML_EXT_GRID(iq3s), GGML_EXT_IQ3S_GRID_SIZE,
@@ -227,14 +227,15 @@ inline __attribute__((always_inline)) void stage_block(const block_iq3_s* b, Sta
   }
 }
 
-// IQ1: grid values times 8 plus the delta's sign (+1, or -1 where the group's delta is negative).
+// IQ1: grid values times 8 plus the delta's sign (+1, or -1 where the group's delta is negative); the table's
+// entries are 8 above that.
 inline __attribute__((always_inline)) void stage_block(const block_iq1_s* b, StagedBlock* s, const GridBytes& t) {
   s->d = GGML_EXT_HALF_TO_FLOAT(b->d) * 0.125f;
   for (int ib = 0; ib < 8; ++ib) {
     const uint32_t qh = b->qh[ib];
     s->scales[2 * ib] = s->scales[2 * ib + 1] = odd_scale((qh >> 12) & 7);
     const uint8_t* q = b->qs + 4 * ib;
-    const int8_t delta = (qh & 0x8000u) ? -1 : 1;
+    const int8_t delta = (qh & 0x8000u) ? -9 : -7;  // the delta's sign less the table's 8
     put32(s, ib, entries8(t.iq1s[q[0] | ((qh & 7) << 8)], t.iq1s[q[1] | ((qh & 0x38) << 5)],
                           t.iq1s[q[2] | ((qh & 0x1C0) << 2)], t.iq1s[q[3] | ((qh & 0xE00) >> 1)]) + delta);
   }
@@ -267,7 +268,7 @@ inline __attribute__((always_inline)) void stage_block(const block_iq1_m* b, Sta
     const vu8x32 bytes = __builtin_shufflevector(pair, pair, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1,
                                                  1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1);
     const vi8x32 negative = (vi8x32)((bytes & delta_bit) == delta_bit);
-    put32(s, ib, grid + 1 + (negative + negative));  // +1, or -1 in the negative delta's groups
+    put32(s, ib, grid - 7 + (negative + negative));  // -8 + 1, or -8 - 1 in the negative delta's groups
   }
 }
 
