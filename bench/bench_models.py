@@ -142,6 +142,9 @@ def main():
     p.add_argument("--mlx-4bit", action="store_true", help="also MLX's own affine 4-bit model of the same shape")
     p.add_argument("--unstacked", action="store_true",
                    help="also ours without stacked projections (models.load(stack_projections=False))")
+    p.add_argument("--one-pass-head", action="store_true",
+                   help="also ours with the output head's x rounded once, as ggml does "
+                        "(models.load(precise_head=False))")
     p.add_argument("--prompts", default="256,512", help="prefill lengths")
     p.add_argument("--decode", type=int, default=128, help="decode tokens")
     p.add_argument("--rounds", type=int, default=3)
@@ -163,6 +166,9 @@ def main():
     if args.unstacked:
         unstacked, _ = models.load(args.model, stack_projections=False)
         contenders["ours_unstacked"] = lambda: ours(unstacked, prompts, args.decode, 1, reps)
+    if args.one_pass_head:
+        one_pass, _ = models.load(args.model, precise_head=False)
+        contenders["ours_one_pass_head"] = lambda: ours(one_pass, prompts, args.decode, 1, reps)
     if args.llama_bench:
         contenders["llama.cpp"] = lambda: llama_bench(args.llama_bench, args.model, prompts, args.decode,
                                                       args.threads, args.llama_args, reps)
@@ -173,7 +179,8 @@ def main():
     emit({"setup": setup})
     # Warm-up of every MLX model: first-call allocations, kernel loads and page faults of the mapped weights
     # (without it the first round's MLX affine 4-bit prefill on the H100 came out at half speed).
-    for warm in [model] + ([affine] if args.mlx_4bit else []) + ([unstacked] if args.unstacked else []):
+    for warm in ([model] + ([affine] if args.mlx_4bit else []) + ([unstacked] if args.unstacked else []) +
+                 ([one_pass] if args.one_pass_head else [])):
         ours(warm, prompts, 8, 0)
     samples = {name: [] for name in contenders}
     for r in range(args.rounds):
