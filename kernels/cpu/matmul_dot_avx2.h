@@ -24,6 +24,12 @@ namespace {
 typedef float vf32x8 __attribute__((vector_size(32)));
 typedef int32_t vi32x8 __attribute__((vector_size(32)));
 
+// A row's 8 lane sums added pairwise (halves, then pairs): the order every AVX2 row dot ends with.
+inline __attribute__((always_inline)) float pairwise_sum(vf32x8 v) {
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128((__m256)v), _mm256_extractf128_ps((__m256)v, 1));
+  return (s[0] + s[1]) + (s[2] + s[3]);
+}
+
 template <class Q, bool kOffset>
 struct HalfCodes {
   using Form = CodeForm<Q, kOffset>;
@@ -402,11 +408,7 @@ struct HalfRowDot {
       }
     }
 #pragma GCC unroll 8
-    for (int r = 0; r < MR; ++r) {
-      const vf32x8 t = acc[r] + sums_acc[r];
-      const __m128 s = _mm_add_ps(_mm256_castps256_ps128((__m256)t), _mm256_extractf128_ps((__m256)t, 1));
-      res[r] = (s[0] + s[1]) + (s[2] + s[3]);
-    }
+    for (int r = 0; r < MR; ++r) res[r] = pairwise_sum(acc[r] + sums_acc[r]);
   }
 };
 

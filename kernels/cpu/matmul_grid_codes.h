@@ -63,9 +63,10 @@ struct IntChunkScales<StagedFormat> : IntChunkScalesBase {
 
 // ---------------------------------------------------------------------------------------------------
 // Byte tables of the grids: entry e's values as consecutive bytes (IQ2: 8 values {8, 25, 43}; IQ1: 8 values
-// times 8, plus 8, {0, 8, 16}: unsigned for matmul_iq1_one_row.h's maddubs; IQ3: 4 values), and ggml's ksigns (7 stored sign bits and their parity bit) for 128 codes
-// as 8 byte masks each (0xFF where the element is negative): a 7-bit sign field is one table load, where
-// spreading the ksigns byte's bits over the lanes took a dozen scalar and vector steps per 32 codes.
+// times 8, plus 8, {0, 8, 16}: unsigned for matmul_iq1_one_row.h's maddubs; IQ3: 4 values), and ggml's ksigns (7
+// stored sign bits and their parity bit) for 128 codes as 8 byte masks each (0xFF where the element is negative):
+// a 7-bit sign field is one table load, where spreading the ksigns byte's bits over the lanes took a dozen scalar
+// and vector steps per 32 codes.
 // Made on first use by the variant that runs (a static initializer of the AVX-512 objects would run anywhere).
 // ---------------------------------------------------------------------------------------------------
 struct GridBytes {

@@ -187,8 +187,7 @@ struct Iq1OneRowDot {
       }(std::make_integer_sequence<int, 8>{});
       acc += (block_acc[0] + block_acc[1]) * is.d;
     }
-    const __m128 s = _mm_add_ps(_mm256_castps256_ps128((__m256)acc), _mm256_extractf128_ps((__m256)acc, 1));
-    *res = (s[0] + s[1]) + (s[2] + s[3]);
+    *res = pairwise_sum(acc);
   }
 };
 #endif

@@ -31,16 +31,9 @@ QuantizedMatmulPlan decode_plan(const QuantizedMatmulArgs& args, int ggml_type, 
     }
   }
   // Float weights: the float kernel (quantized ones always take the path above: k is a multiple of 32).
-  GGML_EXT_CUDA_FLOAT_SWITCH(x_type, kType, {
-    using T = typename Storage<kType>::type;
-    switch (ggml_type) {
-      case GGML_EXT_TYPE_F32: return float_plan<T, Weights_f32>(args);
-      case GGML_EXT_TYPE_F16: return float_plan<T, Weights_f16>(args);
-      case GGML_EXT_TYPE_BF16: return float_plan<T, Weights_bf16>(args);
-      default: return {};
-    }
-  });
-  return {};
+  const bool float_weight =
+      ggml_type == GGML_EXT_TYPE_F32 || ggml_type == GGML_EXT_TYPE_F16 || ggml_type == GGML_EXT_TYPE_BF16;
+  return float_weight ? precise_decode_plan(args, ggml_type, x_type) : QuantizedMatmulPlan{};
 }
 
 // precise_x at decode (a model's output head by default): before it, the float32 FMA tiles took these products, 64

@@ -316,7 +316,8 @@ const void* one_row_fused_kernel(int rows) {
 // or fused_few_rows_max_m).
 template <class F, typename T>
 bool set_fused_step(KernelLaunch& l, const QuantizedMatmulArgs& a) {
-  // Tuning builds: GGML_EXT_STAGED=fused takes the one-row kernel where fused_max_m is 0 (no format now).
+  // Tuning builds: GGML_EXT_STAGED=fused takes the one-row kernel where it would not be taken (Q6_K with
+  // MLX_GGML_EXT_CUDA_ONE_ROW_ONE_KERNEL=0).
   const bool forced = a.m == 1 && tuning_variant("fused");
   const int max_m = std::is_same_v<F, decode::FmtQ6_K> && !one_kernel_at_one_row() ? 0 : fused_max_m<F>();
   if ((a.m > max_m && !forced) || !rows_aligned(a, 4) || a.m * a.k > kFusedMaxK ||

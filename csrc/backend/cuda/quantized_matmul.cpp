@@ -44,7 +44,8 @@ void QuantizedMatmul::eval_gpu(const std::vector<mx::array>& inputs, mx::array& 
                                            b2 / w.shape(1),
                                            b3 / w.shape(0),
                                            out.dtype() == mx::float32 && x.dtype() != mx::float32};
-  // precise_x: x as floats, on the tiles (the decode route quantizes x to int8).
+  // precise_x: x as floats (the float decode kernel up to 8 rows, else the tiles; the decode route quantizes x to
+  // int8).
   const auto plan = ggml_ext::cuda::quantized_matmul_plan(args, type_, float_type(x.dtype()), transpose_, precise_x_);
   cuda::launch_plan(enc, plan, args, inputs, out);
 }
