@@ -90,6 +90,9 @@ NB_MODULE(_ext, m) {
   m.def("rms_norm", &rms_norm, "x"_a, "weight"_a = nb::none(), "eps"_a = 1e-6f, nb::kw_only(),
         "stream"_a = nb::none(),
         "Fused RMSNorm: x / sqrt(mean(x^2, -1) + eps) * weight, float32 math, one rounding.");
+  m.def("add_rms_norm", &add_rms_norm, "x"_a, "residual"_a, "weight"_a = nb::none(), "eps"_a = 1e-6f, nb::kw_only(),
+        "stream"_a = nb::none(),
+        "(h, y): h = x + residual and y = rms_norm(h, weight, eps), one fused pass.");
   m.def("dequantize",
         [](const mx::array& data, int type, const std::vector<int>& shape, mx::Dtype dtype, mx::StreamOrDevice s) {
           return dequantize(data, type, mx::Shape(shape.begin(), shape.end()), dtype, s);

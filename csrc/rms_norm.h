@@ -33,4 +33,32 @@ class RMSNorm : public mx::UnaryPrimitive {
   float eps_;
 };
 
+// A transformer layer's residual add fused with the next norm: returns {h, y} with h = x + residual (x's dtype,
+// promoted with residual's and weight's) and y = rms_norm(h, weight, eps), one node and one pass over the rows
+// instead of an add and an rms_norm. x and residual must have the same shape.
+std::vector<mx::array> add_rms_norm(const mx::array& x, const mx::array& residual,
+                                    const std::optional<mx::array>& weight, float eps, mx::StreamOrDevice s = {});
+
+// Inputs: x, residual (same shape and dtype, row-contiguous) and optionally weight (D,). Outputs: h, y.
+class AddRMSNorm : public mx::Primitive {
+ public:
+  AddRMSNorm(mx::Stream stream, float eps) : mx::Primitive(stream), eps_(eps) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+
+  MLX_GGML_EXT_TRANSFORM_OVERRIDES
+
+  const char* name() const override { return "GGMLExtAddRMSNorm"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return eps_ == static_cast<const AddRMSNorm&>(other).eps_;
+  }
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    return {inputs[0].shape(), inputs[0].shape()};
+  }
+
+ private:
+  float eps_;
+};
+
 }  // namespace mlx_ggml_ext

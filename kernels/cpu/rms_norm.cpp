@@ -62,19 +62,33 @@ void normalize_row(const typename Fmt::T* x, const typename Fmt::T* w, typename 
   for (; i < dim; ++i) scalar(i);
 }
 
+// h = x + r rounded to T (the stored sum), so that the norm below reads exactly what an add op would have written.
+template <class Fmt>
+void add_row(const typename Fmt::T* x, const typename Fmt::T* r, typename Fmt::T* h, int64_t dim) {
+  int64_t i = 0;
+  for (; i + kLanes <= dim; i += kLanes) Fmt::store(h + i, Fmt::load(x + i) + Fmt::load(r + i));
+  for (; i < dim; ++i) h[i] = Fmt::from_f32(Fmt::to_f32(x[i]) + Fmt::to_f32(r[i]));
+}
+
 template <class Fmt, bool kWeighted, bool kStream>
 void rms_norm_rows(const RmsNormArgs& a, int64_t begin, int64_t end) {
   using T = typename Fmt::T;
   const T* x = static_cast<const T*>(a.x);
   const T* w = static_cast<const T*>(a.weight);
   T* y = static_cast<T*>(a.y);
+  const T* residual = static_cast<const T*>(a.residual);
+  T* sum = static_cast<T*>(a.sum);
   for (int64_t r = begin; r < end; ++r) {
     const T* xr = x + r * a.dim;
+    if (residual) {  // norm the rounded sum, from L1
+      add_row<Fmt>(xr, residual + r * a.dim, sum + r * a.dim, a.dim);
+      xr = sum + r * a.dim;
+    }
     // The row is in L1/L2 after the first pass, so DRAM sees one read and one write.
     const float scale = 1.0f / std::sqrt(sum_of_squares<Fmt>(xr, a.dim) / a.dim + a.eps);
     const T* wr = kWeighted ? w + (r / a.rows_per_weight) * a.dim : nullptr;
     normalize_row<Fmt, kWeighted, kStream>(xr, wr, y + r * a.dim, a.dim, scale,
-                                           r + 1 < end ? xr + a.dim : nullptr);
+                                           r + 1 < end && !residual ? xr + a.dim : nullptr);
   }
   if constexpr (kStream) stream_fence();
 }

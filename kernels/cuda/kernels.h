@@ -31,6 +31,10 @@ struct RmsNormArgs {
   int64_t dim;
   int64_t rows_per_weight;
   float eps;
+  // The fused residual add (ggml_ext::cpu::RmsNormArgs has the meaning): sum = x + residual rounded to T, written,
+  // and y the norm of it. Null: plain rms_norm.
+  const void* residual = nullptr;
+  void* sum = nullptr;
 };
 KernelLaunch rms_norm_launch(const RmsNormArgs& args, FloatType type);
 

@@ -23,10 +23,29 @@ __global__ void __launch_bounds__(kMaxThreads) rms_norm_kernel(RmsNormArgs a) {
   const int64_t packets = a.dim / kPack;
   auto packet = [&](int c) { return threadIdx.x + static_cast<int64_t>(c) * blockDim.x; };
 
+  // The fused residual add: x + residual rounded to T is written to `sum` and normed in x's place (a thread reads
+  // back only the packets it wrote itself).
+  const T* r = a.residual ? static_cast<const T*>(a.residual) + row * a.dim : nullptr;
+  T* h = a.residual ? static_cast<T*>(a.sum) + row * a.dim : nullptr;
+  auto load_row = [&](P& xp, int64_t p) {
+    xp.load(x + p * kPack);
+    if (!r) return;
+    P rp;
+    rp.load(r + p * kPack);
+    float v[kPack], rv[kPack];
+    xp.to_floats(v);
+    rp.to_floats(rv);
+#pragma unroll
+    for (int j = 0; j < kPack; ++j) v[j] += rv[j];
+    store(h + p * kPack, v);
+    xp.load(h + p * kPack);
+  };
+  const T* normed = r ? h : x;  // what the second pass reads again
+
   P xs[kCached], ws[kCached];
 #pragma unroll
   for (int c = 0; c < kCached; ++c) {
-    if (packet(c) < packets) xs[c].load(x + packet(c) * kPack);
+    if (packet(c) < packets) load_row(xs[c], packet(c));
   }
 #pragma unroll
   for (int c = 0; c < kCached; ++c) {
@@ -46,7 +65,7 @@ __global__ void __launch_bounds__(kMaxThreads) rms_norm_kernel(RmsNormArgs a) {
   }
   for (int64_t p = packet(kCached); p < packets; p += blockDim.x) {
     P xp;
-    xp.load(x + p * kPack);
+    load_row(xp, p);
     sum += squares(xp);
   }
   const float scale = 1.0f / sqrtf(block_sum(sum) / static_cast<float>(a.dim) + a.eps);
@@ -65,7 +84,7 @@ __global__ void __launch_bounds__(kMaxThreads) rms_norm_kernel(RmsNormArgs a) {
   }
   for (int64_t p = packet(kCached); p < packets; p += blockDim.x) {
     P xp, wp;
-    xp.load(x + p * kPack);
+    xp.load(normed + p * kPack);
     if (w) wp.load(w + p * kPack);
     write(p, xp, wp);
   }
@@ -75,7 +94,9 @@ template <FloatType kType>
 KernelLaunch rms_norm_launch_typed(const RmsNormArgs& a) {
   using T = typename Storage<kType>::type;
   constexpr int kPack = 16 / sizeof(T);
-  const bool vector = a.dim % kPack == 0 && aligned(a.x, 16) && aligned(a.y, 16) && (!a.weight || aligned(a.weight, 16));
+  const bool vector = a.dim % kPack == 0 && aligned(a.x, 16) && aligned(a.y, 16) &&
+                      (!a.weight || aligned(a.weight, 16)) && (!a.residual || (aligned(a.residual, 16) &&
+                                                                               aligned(a.sum, 16)));
   const int64_t packets = vector ? a.dim / kPack : a.dim;
   const int64_t warps = std::min<int64_t>(kMaxThreads / 32, ceil_div(ceil_div(packets, kCached), 32));
   KernelLaunch l;

@@ -31,3 +31,33 @@ void RMSNorm::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
 }
 
 }  // namespace mlx_ggml_ext
+
+namespace mlx_ggml_ext {
+
+void AddRMSNorm::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  auto& sum = outputs[0];
+  auto& out = outputs[1];
+  allocate_like_or_donate(inputs[0], sum);  // h may overwrite x: each element is read before it is written
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  if (out.size() == 0) return;
+  auto& enc = mx::cpu::get_command_encoder(stream());
+  const auto x = row_major_input(inputs[0], enc);
+  const auto residual = row_major_input(inputs[1], enc);
+  const bool weighted = inputs.size() > 2;
+  const auto weight = weighted ? row_major_input(inputs[2], enc) : x;
+  const int64_t dim = x.shape(-1);
+  const int64_t rows = x.size() / dim;
+  enc.set_input_array(x);
+  enc.set_input_array(residual);
+  if (weighted) enc.set_input_array(weight);
+  enc.set_output_array(sum);
+  enc.set_output_array(out);
+  ggml_ext::cpu::RmsNormArgs args{x.data<void>(), weighted ? weight.data<void>() : nullptr,
+                                  out.data<void>(), float_type(out.dtype()),
+                                  rows, dim,
+                                  rows, eps_,
+                                  residual.data<void>(), sum.data<void>()};
+  enc.dispatch([args] { ggml_ext::cpu::rms_norm(args); });
+}
+
+}  // namespace mlx_ggml_ext

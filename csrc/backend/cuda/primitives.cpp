@@ -24,6 +24,22 @@ void RMSNorm::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
   cuda::launch(enc, kc::rms_norm_launch(args, float_type(out.dtype())), args);
 }
 
+void AddRMSNorm::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  const auto& x = inputs[0];  // row-contiguous, as are residual and weight: the op inserted the copies
+  auto& sum = outputs[0];
+  auto& out = outputs[1];
+  auto& enc = cuda::begin(stream(), inputs, sum, &x);  // h may take x's buffer: a thread reads x before writing h
+  cuda::allocate(enc, out);
+  enc.set_output_array(out);
+  if (out.size() == 0) return;
+  const int64_t dim = x.shape(-1);
+  const int64_t rows = x.size() / dim;
+  kc::RmsNormArgs args{mx::gpu_ptr<void>(x), inputs.size() > 2 ? mx::gpu_ptr<void>(inputs[2]) : nullptr,
+                       mx::gpu_ptr<void>(out), rows, dim, rows, eps_, mx::gpu_ptr<void>(inputs[1]),
+                       mx::gpu_ptr<void>(sum)};
+  cuda::launch(enc, kc::rms_norm_launch(args, float_type(out.dtype())), args);
+}
+
 void RoPE::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
   const auto& x = inputs[0];  // every input row-contiguous: the op inserted the copies
   const auto& positions = inputs[1];

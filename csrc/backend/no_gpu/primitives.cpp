@@ -18,5 +18,8 @@ MLX_GGML_EXT_NO_GPU_KERNEL(QuantizedMatmul)
 MLX_GGML_EXT_NO_GPU_KERNEL(GLU)
 MLX_GGML_EXT_NO_GPU_KERNEL(Attention)
 MLX_GGML_EXT_NO_GPU_KERNEL(MulMatId)
+void AddRMSNorm::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
+  throw_no_gpu_kernel("AddRMSNorm");
+}
 
 }  // namespace mlx_ggml_ext

@@ -1,0 +1,84 @@
+// The residual add fused with rms_norm (csrc/rms_norm.h): one node where a decode step had two. Its
+// transformations are those of the unfused graph, h = x + residual and rms_norm(h), which they build: they are not
+// on the speed path, and RMSNorm's own vjp/jvp/vmap then give exactly the unfused op's numbers.
+#include <cmath>
+
+#include "csrc/rms_norm.h"
+#include "mlx/transforms.h"
+
+namespace mlx_ggml_ext {
+namespace {
+
+constexpr const char* kOp = "add_rms_norm";
+
+// The unfused graph over the primitive's inputs (x, residual[, weight]), already of one dtype.
+std::function<std::vector<mx::array>(const std::vector<mx::array>&)> unfused(float eps, mx::Stream s) {
+  return [eps, s](const std::vector<mx::array>& in) {
+    auto h = mx::add(in[0], in[1], s);
+    std::optional<mx::array> w;
+    if (in.size() > 2) w = in[2];
+    return std::vector<mx::array>{h, rms_norm(h, w, eps, s)};
+  };
+}
+
+}  // namespace
+
+std::vector<mx::array> add_rms_norm(const mx::array& x, const mx::array& residual,
+                                    const std::optional<mx::array>& weight, float eps, mx::StreamOrDevice s) {
+  check_float_dtype(x, kOp, "x");
+  check_float_dtype(residual, kOp, "residual");
+  if (x.ndim() == 0) {
+    throw std::invalid_argument(cat("[", kOp, "] x must have at least one dimension, got a 0-d array."));
+  }
+  if (x.shape() != residual.shape()) {
+    throw std::invalid_argument(cat("[", kOp, "] x and residual must have the same shape, got ", shape_str(x.shape()),
+                                    " and ", shape_str(residual.shape()), "."));
+  }
+  if (!(eps >= 0.0f) || std::isinf(eps)) {
+    throw std::invalid_argument(cat("[", kOp, "] eps must be finite and >= 0, got ", eps, "."));
+  }
+  mx::Dtype dtype = mx::promote_types(x.dtype(), residual.dtype());
+  if (weight) {
+    check_float_dtype(*weight, kOp, "weight");
+    if (weight->ndim() != 1 || weight->shape(0) != x.shape(-1)) {
+      throw std::invalid_argument(cat("[", kOp, "] weight must have shape (", x.shape(-1),
+                                      ",) to match the last axis of x ", shape_str(x.shape()), ", got ",
+                                      shape_str(weight->shape()), "."));
+    }
+    dtype = mx::promote_types(dtype, weight->dtype());
+  }
+  const auto stream = mx::to_stream(s);
+  std::vector<mx::array> inputs = {kernel_input(mx::astype(x, dtype, stream), stream),
+                                   kernel_input(mx::astype(residual, dtype, stream), stream)};
+  if (weight) inputs.push_back(kernel_input(mx::astype(*weight, dtype, stream), stream));
+#if defined(MLX_GGML_EXT_BACKEND_METAL)
+  // No fused Metal kernel yet: the same two ops, unfused (the Metal rms_norm kernel and MLX's add).
+  if (stream.device.type == mx::Device::gpu) return unfused(eps, stream)(inputs);
+#endif
+  return mx::array::make_arrays({x.shape(), x.shape()}, {dtype, dtype}, std::make_shared<AddRMSNorm>(stream, eps),
+                                inputs);
+}
+
+std::vector<mx::array> AddRMSNorm::vjp(const std::vector<mx::array>& primals,
+                                       const std::vector<mx::array>& cotangents, const std::vector<int>& argnums,
+                                       const std::vector<mx::array>&) {
+  const auto grads = mx::vjp(unfused(eps_, stream()), primals, cotangents).second;
+  std::vector<mx::array> picked;
+  for (int arg : argnums) picked.push_back(grads[arg]);
+  return picked;
+}
+
+std::vector<mx::array> AddRMSNorm::jvp(const std::vector<mx::array>& primals, const std::vector<mx::array>& tangents,
+                                       const std::vector<int>& argnums) {
+  std::vector<mx::array> all;
+  for (const auto& p : primals) all.push_back(mx::zeros_like(p, stream()));
+  for (size_t i = 0; i < argnums.size(); ++i) all[argnums[i]] = tangents[i];
+  return mx::jvp(unfused(eps_, stream()), primals, all).second;
+}
+
+std::pair<std::vector<mx::array>, std::vector<int>> AddRMSNorm::vmap(const std::vector<mx::array>& inputs,
+                                                                     const std::vector<int>& axes) {
+  return {mx::vmap(unfused(eps_, stream()), axes, {0, 0})(inputs), {0, 0}};
+}
+
+}  // namespace mlx_ggml_ext
