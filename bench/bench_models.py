@@ -96,7 +96,8 @@ def model_vocab(model) -> int:
 
 def mlx_affine4(model: nn.Module, group_size: int = 64) -> nn.Module:
     """The same model with every GGMLLinear replaced by MLX's own affine 4-bit QuantizedLinear of the dequantized
-    weight (what mlx-lm's `nn.quantize(group_size=64, bits=4)` makes of a float16 model)."""
+    weight (what mlx-lm's `nn.quantize(group_size=64, bits=4)` makes of a float16 model). Its norms, RoPE and
+    gated activation stay the package's ops; its residual adds MLX's (the caller loads it unfused)."""
     def convert(layer):
         linear = nn.Linear(layer.input_dims, layer.output_dims, bias="bias" in layer)
         linear.weight = layer.tensor.dequantize(mx.float16)
@@ -107,6 +108,19 @@ def mlx_affine4(model: nn.Module, group_size: int = 64) -> nn.Module:
     model.update_modules(tree_unflatten(swaps))
     mx.eval(model.parameters())
     return model
+
+
+def load_unfused_residual(path: str) -> nn.Module:
+    """Ours with each residual add and the norm after it as two ops (MLX_GGML_EXT_FUSED_RESIDUAL=0 at load)."""
+    previous = os.environ.get("MLX_GGML_EXT_FUSED_RESIDUAL")
+    os.environ["MLX_GGML_EXT_FUSED_RESIDUAL"] = "0"
+    try:
+        return models.load(path)[0]
+    finally:
+        if previous is None:
+            os.environ.pop("MLX_GGML_EXT_FUSED_RESIDUAL")
+        else:
+            os.environ["MLX_GGML_EXT_FUSED_RESIDUAL"] = previous
 
 
 def llama_bench(binary: str, model: str, prompts, decode: int, threads: int, extra: str = "", reps: int = 1) -> dict:
@@ -145,6 +159,8 @@ def main():
     p.add_argument("--one-pass-head", action="store_true",
                    help="also ours with the output head's x rounded once, as ggml does "
                         "(models.load(precise_head=False))")
+    p.add_argument("--unfused-residual", action="store_true",
+                   help="also ours with each residual add and its norm as two ops (models/residual.py undone)")
     p.add_argument("--prompts", default="256,512", help="prefill lengths")
     p.add_argument("--decode", type=int, default=128, help="decode tokens")
     p.add_argument("--rounds", type=int, default=3)
@@ -160,8 +176,8 @@ def main():
     model, _ = models.load(args.model)
     contenders = {"ours": lambda: ours(model, prompts, args.decode, 1, reps)}
     if args.mlx_4bit:
-        affine, _ = models.load(args.model)
-        affine = mlx_affine4(affine)
+        # The residual adds stay MLX's own ops in this model (as in the runs before they were fused in ours).
+        affine = mlx_affine4(load_unfused_residual(args.model))
         contenders["mlx_affine4"] = lambda: ours(affine, prompts, args.decode, 1, reps)
     if args.unstacked:
         unstacked, _ = models.load(args.model, stack_projections=False)
@@ -169,6 +185,9 @@ def main():
     if args.one_pass_head:
         one_pass, _ = models.load(args.model, precise_head=False)
         contenders["ours_one_pass_head"] = lambda: ours(one_pass, prompts, args.decode, 1, reps)
+    if args.unfused_residual:
+        unfused = load_unfused_residual(args.model)
+        contenders["ours_unfused_residual"] = lambda: ours(unfused, prompts, args.decode, 1, reps)
     if args.llama_bench:
         contenders["llama.cpp"] = lambda: llama_bench(args.llama_bench, args.model, prompts, args.decode,
                                                       args.threads, args.llama_args, reps)
@@ -180,7 +199,7 @@ def main():
     # Warm-up of every MLX model: first-call allocations, kernel loads and page faults of the mapped weights
     # (without it the first round's MLX affine 4-bit prefill on the H100 came out at half speed).
     for warm in ([model] + ([affine] if args.mlx_4bit else []) + ([unstacked] if args.unstacked else []) +
-                 ([one_pass] if args.one_pass_head else [])):
+                 ([one_pass] if args.one_pass_head else []) + ([unfused] if args.unfused_residual else [])):
         ours(warm, prompts, 8, 0)
     samples = {name: [] for name in contenders}
     for r in range(args.rounds):

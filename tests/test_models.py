@@ -101,6 +101,22 @@ def test_logits_through_the_kernels(key, tiny):
 
 
 @pytest.mark.parametrize("key", list(ref.TINY_MODELS))
+def test_fused_residual_norms_change_no_number(key, tiny, monkeypatch):
+    """models/residual.py: each residual add and the norm after it as one op gives the unfused graph's logits
+    bit for bit, through prefill and a cached decode step, and takes the place of two ops per layer."""
+    path, m, W = tiny(key)
+    logits, adds = {}, {}
+    for flag in ("1", "0"):
+        monkeypatch.setenv("MLX_GGML_EXT_FUSED_RESIDUAL", flag)
+        model, _ = models.load(path, tokenizer=False)
+        adds[flag] = sum(type(layer).__module__.endswith("models.residual") for layer in model.layers)
+        logits[flag] = _logits(model, TOKENS), _cached_logits(model, TOKENS, prefill=3)
+    assert adds == {"1": len(model.layers), "0": 0}
+    for fused, plain in zip(logits["1"], logits["0"]):
+        np.testing.assert_array_equal(fused, plain)
+
+
+@pytest.mark.parametrize("key", list(ref.TINY_MODELS))
 def test_kv_cache_equals_one_shot(key, tiny, float_products):
     """Float products: the kernels' int8 rounding of x differs between one row and several, which is not
     what this checks (the cache's positions, masks and Gemma's sliding window of 4 over 12 tokens)."""

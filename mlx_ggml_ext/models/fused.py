@@ -12,6 +12,7 @@ ops.attention's CUDA kernel is not used by the models yet, and it has no Metal k
 - gpt-oss's experts become a `GGMLSwitchGLU` of kind "swiglu_oai" (its clamped SwiGLU, with the alpha and limit
   of mlx-lm's SwigluOAI; the experts' biases are added by GGMLSwitchLinear before the activation); its attention
   sinks go to ops.attention's `sinks=` on the CPU.
+- Residual adds: each fused with the norm that reads the sum (models/residual.py), two ops per layer fewer.
 - Attention: mlx-lm's attention modules call the `scaled_dot_product_attention` of their own module. That name is
   pointed at `_dispatching_attention`, which takes the package's kernel only while one of *our* models is being
   called (a thread-local flag set by `FusedOpsModel.__call__`) and otherwise is exactly mlx-lm's function, so
@@ -21,6 +22,7 @@ ops.attention's CUDA kernel is not used by the models yet, and it has no Metal k
 from __future__ import annotations
 
 import importlib
+import os
 import threading
 
 import mlx.core as mx
@@ -30,6 +32,7 @@ from mlx_lm.models import base as _mlx_lm_base
 from .. import _ext, ops
 from ..nn import GGMLSwitchGLU
 from .projections import stack_attention_projections, stack_linears, stackable
+from .residual import fuse_residual_norms
 from .rope import GGMLRoPE, sharing_positions
 
 _mlx_lm_attention = _mlx_lm_base.scaled_dot_product_attention
@@ -93,6 +96,10 @@ def use_fused_ops(model: nn.Module, architecture: str, mlx_lm_module: str, stack
             layer.self_attn.rope = GGMLRoPE(layer.self_attn.rope)
     module = importlib.import_module(f"mlx_lm.models.{mlx_lm_module}")
     module.scaled_dot_product_attention = _dispatching_attention
+    # Each residual add with the norm after it (models/residual.py); MLX_GGML_EXT_FUSED_RESIDUAL=0 keeps them
+    # apart (for A/B runs).
+    if os.environ.get("MLX_GGML_EXT_FUSED_RESIDUAL", "1") != "0":
+        fuse_residual_norms(model, architecture)
 
 
 def fused_ops_model(model_class):
