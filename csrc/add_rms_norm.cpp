@@ -51,10 +51,6 @@ std::vector<mx::array> add_rms_norm(const mx::array& x, const mx::array& residua
   std::vector<mx::array> inputs = {kernel_input(mx::astype(x, dtype, stream), stream),
                                    kernel_input(mx::astype(residual, dtype, stream), stream)};
   if (weight) inputs.push_back(kernel_input(mx::astype(*weight, dtype, stream), stream));
-#if defined(MLX_GGML_EXT_BACKEND_METAL)
-  // No fused Metal kernel yet: the same two ops, unfused (the Metal rms_norm kernel and MLX's add).
-  if (stream.device.type == mx::Device::gpu) return unfused(eps, stream)(inputs);
-#endif
   return mx::array::make_arrays({x.shape(), x.shape()}, {dtype, dtype}, std::make_shared<AddRMSNorm>(stream, eps),
                                 inputs);
 }

@@ -60,8 +60,8 @@ def add_rms_norm(x: mx.array, residual: mx.array, weight: Optional[mx.array] = N
     """A transformer layer's residual add fused with the norm after it: returns ``(h, y)`` with
     ``h = x + residual`` and ``y = rms_norm(h, weight, eps)``.
 
-    One op and one pass over the rows where there were two (CPU and CUDA kernels; on Metal the same two ops,
-    unfused). ``x`` and ``residual`` of the same shape; dtypes as :func:`rms_norm` (promoted with each other).
+    One op and one pass over the rows where there were two (CPU, CUDA and Metal kernels). ``x`` and ``residual``
+    of the same shape; dtypes as :func:`rms_norm` (promoted with each other).
     ``y`` is the norm of ``h`` as rounded to the output dtype, so both equal ``x + residual`` followed by
     :func:`rms_norm`. Differentiable in all three inputs; supports vmap and mx.compile.
     """

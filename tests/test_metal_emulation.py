@@ -226,7 +226,7 @@ def check_rms_norm(metal, dtype, dim, rows, weighted, in_place=False):
     eps = 1e-5
     plan = metal.plan("rms_norm", dtype=dtype, rows=rows, dim=dim, rows_per_weight=rows, weighted=int(weighted),
                       eps=eps)
-    buffers = {0: x, 1: w if weighted else x}
+    buffers = {0: x, 1: w if weighted else x, 4: x, 5: x}  # 4, 5: add_rms_norm's, bound to x as the glue does
     if not in_place:
         buffers[2] = np.full(x.shape, 0xFF, storage)
     out = metal.dispatch_plan(plan, buffers, args_index=3, seed=dim, aliases={2: 0} if in_place else None)
@@ -773,7 +773,7 @@ def test_mul_mat_id_traffic(metal, type_name, T, used):
 def test_rms_norm_traffic(metal):
     x = np.random.default_rng(0).standard_normal((4, 1024)).astype(np.float32)
     plan = metal.plan("rms_norm", dtype="f32", rows=4, dim=1024, rows_per_weight=4, weighted=1, eps=1e-5)
-    metal.dispatch_plan(plan, {0: x, 1: x[0], 2: np.zeros_like(x)}, args_index=3, traffic=True)
+    metal.dispatch_plan(plan, {0: x, 1: x[0], 2: np.zeros_like(x), 4: x, 5: x}, args_index=3, traffic=True)
     emu.traffic_figures(plan["kernel"], "rows=4 dim=1024", metal.traffic, None, x.nbytes, ignore=(3,),
                         threadgroup_bytes=plan["threadgroup_bytes"])
 

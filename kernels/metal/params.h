@@ -9,13 +9,16 @@
 namespace ggml_ext_metal {
 
 // rows of `dim` elements; row r uses weight row r / rows_per_weight when `weighted`. vec4: dim is a multiple
-// of 4 and x, weight and y start on 4-element boundaries (the host knows their addresses): 4-element loads.
+// of 4 and x, weight and y (and residual and sum) start on 4-element boundaries (the host knows their
+// addresses): 4-element loads. residual: the fused residual add (add_rms_norm): sum = x + residual, rounded to
+// the dtype, is written and normed in x's place.
 struct RmsNormArgs {
   uint32_t dim;
   uint32_t rows_per_weight;
   uint32_t weighted;
   float eps;
   uint32_t vec4;
+  uint32_t residual;
 };
 
 // x (batches, tokens, heads, dim); the angle constants as in kernels/cpu/rope.h (RopeAngles), computed on

@@ -113,7 +113,7 @@ int main(int argc, char** argv) {
     print(plan_rms_norm(field(f, "dtype"), u32(f, "rows"),
                         RmsNormArgs{u32(f, "dim"), u32(f, "rows_per_weight"), u32(f, "weighted"), f32(f, "eps"),
                                     // the emulator's buffers start 128-byte aligned
-                                    u32_or(f, "vec4", u32(f, "dim") % 4 == 0)}));
+                                    u32_or(f, "vec4", u32(f, "dim") % 4 == 0), u32_or(f, "residual", 0)}));
   } else if (op == "rope") {
     print(plan_rope(field(f, "dtype"), u32(f, "batches"),
                     RopeArgs{u32(f, "tokens"), u32(f, "heads"), u32(f, "dim"), u32(f, "n_dims"),

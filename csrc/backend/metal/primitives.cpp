@@ -35,19 +35,42 @@ void RMSNorm::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
   // 4-element loads where every row starts on a 4-element boundary.
   const bool vec4 = dim % 4 == 0 && aligned4(x) && aligned4(out) && (!weighted || aligned4(inputs[1]));
   const gm::RmsNormArgs args{checked_u32(dim, op, "row length"), checked_u32(rows / groups, op, "rows"),
-                             weighted ? 1u : 0u, eps_, vec4 ? 1u : 0u};
+                             weighted ? 1u : 0u, eps_, vec4 ? 1u : 0u, 0u};
   const auto plan = gm::plan_rms_norm(metal_dtype_suffix(out.dtype()), checked_u32(rows, op, "rows"), args);
   MetalKernel(stream(), plan.kernel)
       .input(x, 0)
       .input(weighted ? inputs[1] : x, 1)  // never read without a weight; any buffer will do
       .output(out, 2)
       .bytes(plan.args, 3)
+      .input(x, 4)  // residual and sum: never touched without a residual
+      .input(x, 5)
       .dispatch(plan.grid);
 }
 
-// The op builds an add and an rms_norm on a Metal stream instead of this primitive (no fused Metal kernel yet).
-void AddRMSNorm::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
-  throw_no_gpu_kernel("AddRMSNorm");
+void AddRMSNorm::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  constexpr const char* op = "add_rms_norm";
+  const auto& x = inputs[0];  // row-contiguous, as are residual and weight: the op inserted the copies
+  const auto& residual = inputs[1];
+  auto& sum = outputs[0];
+  auto& out = outputs[1];
+  allocate_like_or_donate(x, sum);  // h may overwrite x: a thread reads each element before writing it
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  if (out.size() == 0) return;
+  const bool weighted = inputs.size() > 2;
+  const int64_t dim = x.shape(-1), rows = x.size() / dim;
+  const bool vec4 = dim % 4 == 0 && aligned4(x) && aligned4(out) && aligned4(residual) && aligned4(sum) &&
+                    (!weighted || aligned4(inputs[2]));
+  const gm::RmsNormArgs args{checked_u32(dim, op, "row length"), checked_u32(rows, op, "rows"), weighted ? 1u : 0u,
+                             eps_, vec4 ? 1u : 0u, 1u};
+  const auto plan = gm::plan_rms_norm(metal_dtype_suffix(out.dtype()), checked_u32(rows, op, "rows"), args);
+  MetalKernel(stream(), plan.kernel)
+      .input(x, 0)
+      .input(weighted ? inputs[2] : x, 1)
+      .output(out, 2)
+      .bytes(plan.args, 3)
+      .input(residual, 4)
+      .output(sum, 5)
+      .dispatch(plan.grid);
 }
 
 void RoPE::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
