@@ -60,7 +60,7 @@ def param_id(value):
 class RmsNormArgs(ctypes.Structure):
     _fields_ = [("x", ctypes.c_void_p), ("weight", ctypes.c_void_p), ("y", ctypes.c_void_p),
                 ("rows", ctypes.c_int64), ("dim", ctypes.c_int64), ("rows_per_weight", ctypes.c_int64),
-                ("eps", ctypes.c_float)]
+                ("eps", ctypes.c_float), ("residual", ctypes.c_void_p), ("sum", ctypes.c_void_p)]
 
 
 class GluArgs(ctypes.Structure):
