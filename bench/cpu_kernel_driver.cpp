@@ -53,6 +53,8 @@ const TypeInfo kTypes[] = {
     {"IQ4_NL", GGML_EXT_TYPE_IQ4_NL, {0}}, {"IQ4_XS", GGML_EXT_TYPE_IQ4_XS, {0}},
     {"MXFP4", GGML_EXT_TYPE_MXFP4, {}},   {"IQ1_S", GGML_EXT_TYPE_IQ1_S, {0}},
     {"IQ1_M", GGML_EXT_TYPE_IQ1_M, {}},    {"IQ2_XXS", GGML_EXT_TYPE_IQ2_XXS, {0}},
+    {"IQ2_XS", GGML_EXT_TYPE_IQ2_XS, {0}}, {"IQ2_S", GGML_EXT_TYPE_IQ2_S, {0}},
+    {"IQ3_XXS", GGML_EXT_TYPE_IQ3_XXS, {0}}, {"IQ3_S", GGML_EXT_TYPE_IQ3_S, {0}},
 };
 
 double now() {

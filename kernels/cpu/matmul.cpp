@@ -18,7 +18,7 @@
 //
 // The IQ grid types and TQ1_0 take the same kernels through staged blocks: each weight row's blocks decoded
 // once into int8 codes with integer chunk scales (matmul_grid_codes.h), read as a plain signed-byte layout; on AVX2,
-// IQ1_S and IQ1_M against one row of x skip the staging (matmul_iq1_one_row.h).
+// the IQ grid types against one row of x skip the staging (matmul_iq1_one_row.h, matmul_iq_signed_one_row.h).
 //
 // Float weights (F32/F16/BF16) and the transposed product (x's gradient) use float32 arithmetic on the
 // decoded values: the transposed product decodes each block once and adds it, scaled, into a strip of the
@@ -46,6 +46,7 @@
 #include "kernels/cpu/matmul_dot_portable.h"
 #include "kernels/cpu/matmul_grid_codes.h"
 #include "kernels/cpu/matmul_iq1_one_row.h"
+#include "kernels/cpu/matmul_iq_signed_one_row.h"
 #include "kernels/cpu/matmul_transposed.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/simd.h"
@@ -200,11 +201,12 @@ void forward_on_codes(const MatmulArgs& a, const Act& act, const Codes& codes, i
         },
         fold);
   } else {
-#if defined(GGML_EXT_IQ1_ONE_ROW)
-    // IQ1_S, IQ1_M against one row of x: straight from the blocks (matmul_iq1_one_row.h).
-    if constexpr (HasIq1OneRow<typename Q::B> && std::is_same_v<Act, QuantizedRows>) {
+#if defined(GGML_EXT_IQ_ONE_ROW)
+    // The IQ grid types against one row of x: straight from the blocks (matmul_iq1_one_row.h for IQ1_S and IQ1_M,
+    // matmul_iq_signed_one_row.h for IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS and IQ3_S).
+    if constexpr (HasOneRowDot<typename Q::B> && std::is_same_v<Act, QuantizedRows>) {
       if (a.M == 1 && fold == 1) {
-        const Iq1OneRowDot<typename Q::B> dot_one(act);
+        const OneRowDotOf<typename Q::B> dot_one(act);
         return forward_tiles(a, row_bytes, act_bytes,
                              [&](int64_t n, int64_t, int64_t, int64_t, int64_t k0, int64_t k1, float* res) {
                                dot_one.run(reinterpret_cast<const typename Q::B*>(w + n * row_bytes), k0 / Q::kQK,

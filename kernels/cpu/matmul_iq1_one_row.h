@@ -39,7 +39,10 @@ inline __attribute__((always_inline)) vf32x8 chunk_coefficient_sums(__m256i coef
 
 // The stored indices are read back from memory: kept in vectors, GCC takes each out with vpextrw (2 operations
 // on Zen 3) where a load is one.
-inline __attribute__((always_inline)) void from_memory(uint16_t (&idx)[32]) { asm("" : "+m"(idx)); }
+template <size_t N>
+inline __attribute__((always_inline)) void from_memory(uint16_t (&idx)[N]) {
+  asm("" : "+m"(idx));
+}
 
 // 8 * grid + 8 for the four groups of sub-block ib, from the stored indices.
 // The four indices come in one 64-bit load and are split by shifts: the scalar units are otherwise idle, where
