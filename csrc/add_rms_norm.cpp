@@ -1,8 +1,6 @@
 // The residual add fused with rms_norm (csrc/rms_norm.h): one node where a decode step had two. Its
 // transformations are those of the unfused graph, h = x + residual and rms_norm(h), which they build: they are not
 // on the speed path, and RMSNorm's own vjp/jvp/vmap then give exactly the unfused op's numbers.
-#include <cmath>
-
 #include "csrc/rms_norm.h"
 #include "mlx/transforms.h"
 
@@ -25,27 +23,12 @@ std::function<std::vector<mx::array>(const std::vector<mx::array>&)> unfused(flo
 
 std::vector<mx::array> add_rms_norm(const mx::array& x, const mx::array& residual,
                                     const std::optional<mx::array>& weight, float eps, mx::StreamOrDevice s) {
-  check_float_dtype(x, kOp, "x");
+  const mx::Dtype norm_dtype = checked_norm_dtype(kOp, x, weight, eps);
   check_float_dtype(residual, kOp, "residual");
-  if (x.ndim() == 0) {
-    throw std::invalid_argument(cat("[", kOp, "] x must have at least one dimension, got a 0-d array."));
-  }
+  const mx::Dtype dtype = mx::promote_types(norm_dtype, residual.dtype());
   if (x.shape() != residual.shape()) {
     throw std::invalid_argument(cat("[", kOp, "] x and residual must have the same shape, got ", shape_str(x.shape()),
                                     " and ", shape_str(residual.shape()), "."));
-  }
-  if (!(eps >= 0.0f) || std::isinf(eps)) {
-    throw std::invalid_argument(cat("[", kOp, "] eps must be finite and >= 0, got ", eps, "."));
-  }
-  mx::Dtype dtype = mx::promote_types(x.dtype(), residual.dtype());
-  if (weight) {
-    check_float_dtype(*weight, kOp, "weight");
-    if (weight->ndim() != 1 || weight->shape(0) != x.shape(-1)) {
-      throw std::invalid_argument(cat("[", kOp, "] weight must have shape (", x.shape(-1),
-                                      ",) to match the last axis of x ", shape_str(x.shape()), ", got ",
-                                      shape_str(weight->shape()), "."));
-    }
-    dtype = mx::promote_types(dtype, weight->dtype());
   }
   const auto stream = mx::to_stream(s);
   std::vector<mx::array> inputs = {kernel_input(mx::astype(x, dtype, stream), stream),

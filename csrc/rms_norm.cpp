@@ -46,25 +46,27 @@ mx::array reduce_to_weight(const mx::array& a, const mx::array& w, mx::StreamOrD
 
 }  // namespace
 
-mx::array rms_norm(const mx::array& x, const std::optional<mx::array>& weight, float eps,
-                   mx::StreamOrDevice s) {
-  check_float_dtype(x, kOp, "x");
+mx::Dtype checked_norm_dtype(const char* op, const mx::array& x, const std::optional<mx::array>& weight, float eps) {
+  check_float_dtype(x, op, "x");
   if (x.ndim() == 0) {
-    throw std::invalid_argument(cat("[", kOp, "] x must have at least one dimension, got a 0-d array."));
+    throw std::invalid_argument(cat("[", op, "] x must have at least one dimension, got a 0-d array."));
   }
   if (!(eps >= 0.0f) || std::isinf(eps)) {
-    throw std::invalid_argument(cat("[", kOp, "] eps must be finite and >= 0, got ", eps, "."));
+    throw std::invalid_argument(cat("[", op, "] eps must be finite and >= 0, got ", eps, "."));
   }
-  mx::Dtype out_dtype = x.dtype();
-  if (weight) {
-    check_float_dtype(*weight, kOp, "weight");
-    if (weight->ndim() != 1 || weight->shape(0) != x.shape(-1)) {
-      throw std::invalid_argument(cat("[", kOp, "] weight must have shape (", x.shape(-1),
-                                      ",) to match the last axis of x ", shape_str(x.shape()),
-                                      ", got ", shape_str(weight->shape()), "."));
-    }
-    out_dtype = mx::promote_types(x.dtype(), weight->dtype());
+  if (!weight) return x.dtype();
+  check_float_dtype(*weight, op, "weight");
+  if (weight->ndim() != 1 || weight->shape(0) != x.shape(-1)) {
+    throw std::invalid_argument(cat("[", op, "] weight must have shape (", x.shape(-1),
+                                    ",) to match the last axis of x ", shape_str(x.shape()),
+                                    ", got ", shape_str(weight->shape()), "."));
   }
+  return mx::promote_types(x.dtype(), weight->dtype());
+}
+
+mx::array rms_norm(const mx::array& x, const std::optional<mx::array>& weight, float eps,
+                   mx::StreamOrDevice s) {
+  const mx::Dtype out_dtype = checked_norm_dtype(kOp, x, weight, eps);
   std::optional<mx::array> w;
   if (weight) w = mx::astype(*weight, out_dtype, s);
   return rms_norm_node(mx::astype(x, out_dtype, s), w, eps, s);

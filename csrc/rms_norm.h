@@ -33,6 +33,10 @@ class RMSNorm : public mx::UnaryPrimitive {
   float eps_;
 };
 
+// The checks rms_norm and add_rms_norm share (errors name `op`): x a float array of at least one dimension,
+// eps finite and >= 0, weight None or a float (D,). Returns x's dtype promoted with weight's.
+mx::Dtype checked_norm_dtype(const char* op, const mx::array& x, const std::optional<mx::array>& weight, float eps);
+
 // A transformer layer's residual add fused with the next norm: returns {h, y} with h = x + residual (x's dtype,
 // promoted with residual's and weight's) and y = rms_norm(h, weight, eps), one node and one pass over the rows
 // instead of an add and an rms_norm. x and residual must have the same shape.

@@ -30,10 +30,6 @@ void RMSNorm::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
   enc.dispatch([args] { ggml_ext::cpu::rms_norm(args); });
 }
 
-}  // namespace mlx_ggml_ext
-
-namespace mlx_ggml_ext {
-
 void AddRMSNorm::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
   auto& sum = outputs[0];
   auto& out = outputs[1];
