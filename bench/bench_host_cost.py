@@ -17,7 +17,7 @@ import mlx.core as mx
 import numpy as np
 
 from common import emit, header
-from mlx_ggml_ext import GGMLType, ops, reference
+from mlx_ggml_ext import GGMLType, _ext, ops, reference
 
 
 def chain_cost(step, y0, chain: int):
@@ -53,6 +53,11 @@ def main():
     y0 = mx.array(rng.standard_normal((1, d)).astype(np.float32)).astype(dtype)
     mx.eval(w16, list(blocks.values()), affine, norm_w, y0)
     contenders = {f"ours_{t.name.lower()}": (lambda y, t=t: ops.quantized_matmul(y, blocks[t], t)) for t in types}
+    # The same primitives called as the package's nn modules call them (the extension's binding directly, without
+    # ops' Python checks of types and shapes): what a model's step pays per op.
+    contenders.update({f"ours_{t.name.lower()}_binding": (lambda y, t=t: _ext.quantized_matmul(y, blocks[t], int(t)))
+                       for t in types})
+    contenders["ours_rms_norm_binding"] = lambda y: _ext.rms_norm(y, norm_w, 1e-6)
     contenders.update({
         "mlx_affine4": lambda y: mx.quantized_matmul(y, *affine, transpose=True, group_size=64, bits=4),
         "mlx_matmul": lambda y: y @ w16.T,

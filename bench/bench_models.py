@@ -36,7 +36,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 import mlx_ggml_ext
 from mlx_ggml_ext import models
-from mlx_ggml_ext.nn import GGMLLinear
+from mlx_ggml_ext.nn import GGMLLinear, GGMLSwitchLinear
 
 
 def busy_jiffies() -> int:
@@ -183,6 +183,9 @@ def main():
                         "(models.load(precise_head=False))")
     p.add_argument("--unfused-residual", action="store_true",
                    help="also ours with each residual add and its norm as two ops (models/residual.py undone)")
+    p.add_argument("--checked-ids", action="store_true",
+                   help="also ours with the experts' ids evaluated and checked at every projection (check_ids=True: "
+                        "a GPU synchronization each; models.load leaves them lazy)")
     p.add_argument("--prompts", default="256,512", help="prefill lengths")
     p.add_argument("--decode", type=int, default=128, help="decode tokens")
     p.add_argument("--rounds", type=int, default=3)
@@ -210,6 +213,12 @@ def main():
     if args.unfused_residual:
         unfused = load_unfused_residual(args.model)
         contenders["ours_unfused_residual"] = lambda: ours(unfused, prompts, args.decode, 1, reps)
+    if args.checked_ids:
+        checked, _ = models.load(args.model)
+        for _, module in checked.named_modules():
+            if isinstance(module, GGMLSwitchLinear):
+                module.check_ids = True
+        contenders["ours_checked_ids"] = lambda: ours(checked, prompts, args.decode, 1, reps)
     if args.llama_bench:
         contenders["llama.cpp"] = lambda: llama_bench(args.llama_bench, args.model, prompts, args.decode,
                                                       args.threads, args.llama_args, reps)
@@ -221,7 +230,7 @@ def main():
     # Warm-up of every MLX model: first-call allocations, kernel loads and page faults of the mapped weights
     # (without it the first round's MLX affine 4-bit prefill on the H100 came out at half speed).
     for warm in ([model] + ([affine] if args.mlx_4bit else []) + ([unstacked] if args.unstacked else []) +
-                 ([one_pass] if args.one_pass_head else []) + ([unfused] if args.unfused_residual else [])):
+                 ([one_pass] if args.one_pass_head else []) + ([unfused] if args.unfused_residual else []) + ([checked] if args.checked_ids else [])):
         ours(warm, prompts, 8, 0)
     samples = {name: [] for name in contenders}
     for r in range(args.rounds):

@@ -66,12 +66,19 @@ def our_products(rng, ggml_type: GGMLType, case, tokens: int, count: int):
     return weights, [(x, ids)] * count
 
 
-def our_us(weights, inputs) -> float:
-    """Median over 5 evaluations of all the products in one graph, per product."""
+def our_us(weights, inputs, eager_ids: bool = False) -> float:
+    """Median over 5 evaluations of all the products in one graph, per product. The ids are made inside the graph
+    (one `ids + 0` shared by its products) and left unchecked, as a model's router gives them (models.load); with
+    `eager_ids` they are the evaluated array and ops.mul_mat_id checks them on the host at each call (on a GPU a
+    read of device-written memory per product)."""
     times = []
     for _ in range(5):
         start = time.perf_counter()
-        mx.eval([ops.mul_mat_id(weights, x, ids) for x, ids in inputs])
+        if eager_ids:
+            mx.eval([ops.mul_mat_id(weights, x, ids) for x, ids in inputs])
+        else:
+            lazy = inputs[0][1] + 0
+            mx.eval([ops.mul_mat_id(weights, x, lazy, check_ids=False) for x, _ in inputs])
         times.append((time.perf_counter() - start) / len(inputs))
     return statistics.median(times) * 1e6
 
@@ -84,6 +91,9 @@ def main():
     p.add_argument("--types", default="Q4_0,Q8_0,Q4_K,Q6_K,IQ4_XS")
     p.add_argument("--tokens", default="1,8,512")
     p.add_argument("--case", default="128,8,768,2048", help="experts,used,m,k of a test-backend-ops perf case")
+    p.add_argument("--eager-ids", action="store_true",
+                   help="ids evaluated beforehand and checked by the op at each call (the runs before 2026-11-28 "
+                        "evening); default: made in the graph, unchecked, as in a model")
     p.add_argument("--label", default="", help="what llama.cpp was built from, recorded as given")
     # how long: rounds of (test-backend-ops, ours); our products per evaluated graph
     p.add_argument("--rounds", type=int, default=3)
@@ -108,7 +118,7 @@ def main():
         theirs = {} if args.ours_only else ggml_run(args.ggml_bin, args.backend, types, tokens, case)
         for key, (weights, inputs) in ours_inputs.items():
             samples[key]["ggml"].append(theirs.get(key))
-            samples[key]["ours"].append(our_us(weights, inputs))
+            samples[key]["ours"].append(our_us(weights, inputs, args.eager_ids))
             emit({"bench": "mul_mat_id_vs_ggml_round", "round": r, "type": key[0], "tokens": key[1],
                   "ggml_us": samples[key]["ggml"][-1], "ours_us": samples[key]["ours"][-1]})
     experts, used, m, k = case
@@ -117,7 +127,8 @@ def main():
         g = None if args.ours_only else statistics.median(s["ggml"])
         emit({"bench": "mul_mat_id_vs_ggml", "type": t, "experts": experts, "used": used, "m": m, "k": k,
               "tokens": n, "device": device_name(), "ggml_backend": args.backend, "ggml": args.label,
-              "ours_threads": num_threads(), "rounds": args.rounds, "ggml_us": g, "ours_us": o,
+              "ours_threads": num_threads(), "rounds": args.rounds,
+              "ids": "eager, checked" if args.eager_ids else "lazy, unchecked", "ggml_us": g, "ours_us": o,
               "ggml_over_ours": None if g is None else g / o, "ours_gflops": 2 * n * used * m * k / o / 1e3})
 
 

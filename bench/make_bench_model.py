@@ -15,6 +15,12 @@ RoPE base 500000, tied output head. `--layers` and `--hidden` shrink it for a qu
 tools are not at hand (the GPU machine), `--type q4_0|q4_k|q8_0|...` quantizes every matrix with this package's
 own quantizer instead (one type for all; the norms stay float32); the types it has no quantizer for (the IQ grid
 and ternary types: iq2_xxs, iq3_s, tq1_0, ...) get random blocks with small scales.
+
+`--experts E --experts-used U` makes it a mixture of experts as llama.cpp's llama architecture has it (Mixtral's
+layout): each layer's feed-forward becomes a router (ffn_gate_inp, float32) and E experts of `--ffn` rows
+(ffn_gate_exps, ffn_up_exps, ffn_down_exps), U of them per token; e.g. qwen3-30b-a3b's experts are
+`--experts 128 --experts-used 8 --ffn 768`. The experts are random blocks of `--type` with small scales (billions
+of weights: drawing and quantizing floats would take minutes; speed does not depend on the values).
 """
 
 import argparse
@@ -58,8 +64,12 @@ def main():
     p.add_argument("--ffn", type=int, default=8192)
     p.add_argument("--heads", type=int, default=32)
     p.add_argument("--kv-heads", type=int, default=8)
+    p.add_argument("--experts", type=int, default=0, help="experts per layer (0: a dense feed-forward)")
+    p.add_argument("--experts-used", type=int, default=0, help="experts per token")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
+    if args.experts and not (args.type and 0 < args.experts_used <= args.experts):
+        p.error("--experts needs --type and 0 < --experts-used <= --experts")
     if args.hidden % args.heads or args.heads % args.kv_heads:
         p.error("hidden must be a multiple of heads, and heads a multiple of kv-heads")
 
@@ -86,6 +96,8 @@ def main():
         f"{arch}.vocab_size": u32(n_vocab),
         **tokenizer,
     }
+    if args.experts:
+        metadata.update({f"{arch}.expert_count": u32(args.experts), f"{arch}.expert_used_count": u32(args.experts_used)})
     rng = np.random.default_rng(args.seed)
     h, kv = args.hidden, args.kv_heads * head_dim
     tensors = {"token_embd.weight": random_f16(rng, (n_vocab, h), 0.02),
@@ -99,14 +111,23 @@ def main():
             b + "attn_v.weight": random_f16(rng, (kv, h), h ** -0.5),
             b + "attn_output.weight": random_f16(rng, (h, h), h ** -0.5),
             b + "ffn_norm.weight": np.ones(h, np.float32),
-            b + "ffn_gate.weight": random_f16(rng, (args.ffn, h), h ** -0.5),
-            b + "ffn_up.weight": random_f16(rng, (args.ffn, h), h ** -0.5),
-            b + "ffn_down.weight": random_f16(rng, (h, args.ffn), args.ffn ** -0.5),
         })
+        if args.experts:
+            tensors[b + "ffn_gate_inp.weight"] = rng.standard_normal((args.experts, h), dtype=np.float32)
+            for name, (n, k) in (("gate", (args.ffn, h)), ("up", (args.ffn, h)), ("down", (h, args.ffn))):
+                ggml_type = GGMLType.of(args.type)
+                blocks = reference.random_blocks(rng, ggml_type.name, args.experts * n, k, scales=(1e-3, 2e-3))
+                tensors[f"{b}ffn_{name}_exps.weight"] = GGMLTensor(mx.array(blocks), ggml_type, (args.experts, n, k))
+        else:
+            tensors.update({
+                b + "ffn_gate.weight": random_f16(rng, (args.ffn, h), h ** -0.5),
+                b + "ffn_up.weight": random_f16(rng, (args.ffn, h), h ** -0.5),
+                b + "ffn_down.weight": random_f16(rng, (h, args.ffn), args.ffn ** -0.5),
+            })
     if args.type:
         ggml_type = GGMLType.of(args.type)
         for name, t in tensors.items():
-            if t.ndim == 2:
+            if isinstance(t, np.ndarray) and t.ndim == 2 and "gate_inp" not in name:
                 try:
                     blocks = ops.quantize(mx.array(t.astype(np.float32)), ggml_type, stream=mx.cpu)
                 except NotImplementedError:  # no quantizer for the type: random blocks of the shape

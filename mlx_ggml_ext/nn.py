@@ -124,10 +124,12 @@ class GGMLSwitchLinear(nn.Module):
     optional float ``(E, N)``. ``__call__(x, indices, sorted_indices=False)`` takes what mlx-lm passes to
     ``mx.gather_mm``: x ``(..., X, 1, K)`` with X = 1 or indices' last axis, indices ``(..., n_used)``, and returns
     ``(..., n_used, 1, N)``; the product is :func:`ops.mul_mat_id` (tokens grouped by expert, so sorting them
-    first is not needed). The blocks are frozen, as in :class:`GGMLLinear`.
+    first is not needed). The blocks are frozen, as in :class:`GGMLLinear`. ``check_ids``: as in
+    :func:`ops.mul_mat_id` (True: on a GPU the indices are evaluated and checked at every call, a synchronization;
+    ``models.load`` sets False, its routers' top-k indices being in range by construction).
     """
 
-    def __init__(self, weight: GGMLTensor, bias: Optional[mx.array] = None):
+    def __init__(self, weight: GGMLTensor, bias: Optional[mx.array] = None, *, check_ids: bool = True):
         super().__init__()
         if not isinstance(weight, GGMLTensor):
             raise TypeError(f"weight must be a GGMLTensor, got {type(weight).__name__}")
@@ -135,6 +137,9 @@ class GGMLSwitchLinear(nn.Module):
             raise ValueError(f"weight must be 3-D (num_experts, output_dims, input_dims), got shape {weight.shape}")
         self.num_experts, self.output_dims, self.input_dims = weight.shape
         self.ggml_type = weight.ggml_type
+        if not isinstance(check_ids, bool):
+            raise TypeError(f"check_ids must be a bool, got {type(check_ids).__name__}")
+        self.check_ids = check_ids
         self.weight = weight.data
         if bias is not None:
             if not isinstance(bias, mx.array) or tuple(bias.shape) != (self.num_experts, self.output_dims):
@@ -158,7 +163,8 @@ class GGMLSwitchLinear(nn.Module):
 
     def product(self, x: mx.array, ids: mx.array) -> mx.array:
         """x (T, 1 or n_used, K), ids (T, n_used) -> (T, n_used, N): the expert products, plus the bias."""
-        evaluate_ids_on_gpu(ids)
+        if self.check_ids:
+            evaluate_ids_on_gpu(ids)
         # Dict items, not attributes, as in GGMLLinear.__call__: called for every expert projection of a token.
         y = _ext.mul_mat_id(self["weight"], self.ggml_type.value, [self.num_experts, self.output_dims,
                                                                    self.input_dims], x, ids)

@@ -292,7 +292,8 @@ def evaluate_ids_on_gpu(ids: mx.array, stream: Stream = None) -> None:
             pass  # a tracer of vmap / compile: nothing to evaluate yet (a bad index then gives a NaN row)
 
 
-def mul_mat_id(w: Union[GGMLTensor, mx.array], x: mx.array, ids: mx.array, *, stream: Stream = None) -> mx.array:
+def mul_mat_id(w: Union[GGMLTensor, mx.array], x: mx.array, ids: mx.array, *, check_ids: bool = True,
+               stream: Stream = None) -> mx.array:
     """ggml's ``ggml_mul_mat_id``: each token's rows through the experts its ``ids`` choose (a mixture-of-experts
     feed-forward), computed on the experts' ggml blocks.
 
@@ -303,13 +304,18 @@ def mul_mat_id(w: Union[GGMLTensor, mx.array], x: mx.array, ids: mx.array, *, st
     grouped by expert, so each expert's blocks are read once per call. An id outside ``[0, E)`` raises ValueError
     here when ``ids`` is already evaluated (on a GPU stream they are evaluated here), else the CPU evaluation
     raises (``mx.eval``: RuntimeError with the same message) and a GPU kernel gives that pair a row of NaN; no
-    weight is read out of bounds. Differentiable in x (the blocks and ids have no gradient); supports vmap
+    weight is read out of bounds. ``check_ids=False`` leaves lazy ids lazy on a GPU stream (no evaluation, no
+    synchronization: a model whose router makes the ids, top-k of E gate scores, in ``[0, E)`` by construction,
+    keeps its token in one graph); a bad id then gives its pair a NaN row there. Differentiable in x (the blocks and ids have no gradient); supports vmap
     (over x, ids and a batch of expert sets), jvp and mx.compile (shapeless too). CPU; CUDA; Metal (checked in
     the project's Metal emulator only, not on Apple hardware).
     """
     _require_array("x", x)
     _require_array("ids", ids)
-    evaluate_ids_on_gpu(ids, stream)
+    if not isinstance(check_ids, bool):
+        raise TypeError(f"check_ids must be a bool, got {type(check_ids).__name__}")
+    if check_ids:
+        evaluate_ids_on_gpu(ids, stream)
     if isinstance(w, GGMLTensor):
         return _ext.mul_mat_id(w.data, int(w.ggml_type), list(w.shape), x, ids, stream=stream)
     if not isinstance(w, mx.array):

@@ -116,6 +116,25 @@ def test_fused_residual_norms_change_no_number(key, tiny, monkeypatch):
         np.testing.assert_array_equal(fused, plain)
 
 
+@pytest.mark.parametrize("key", [k for k, m in ref.TINY_MODELS.items() if m.experts])
+def test_expert_ids_stay_lazy_and_change_no_number(key, tiny, monkeypatch):
+    """The routers' top-k ids are in range by construction, so models.load's expert projections do not evaluate
+    them (on a GPU that was one synchronization per projection); the logits equal those of checked ids."""
+    path, m, W = tiny(key)
+    model, _ = models.load(path, tokenizer=False)
+    switches = [mod for _, mod in model.named_modules() if isinstance(mod, gnn.GGMLSwitchLinear)]
+    assert switches and not any(s.check_ids for s in switches)
+    evaluated = []
+    monkeypatch.setattr(gnn, "evaluate_ids_on_gpu", lambda ids: evaluated.append(ids))
+    lazy = _logits(model, TOKENS), _cached_logits(model, TOKENS, prefill=3)
+    assert evaluated == []
+    monkeypatch.undo()
+    for s in switches:
+        s.check_ids = True
+    for got, want in zip(lazy, (_logits(model, TOKENS), _cached_logits(model, TOKENS, prefill=3))):
+        np.testing.assert_array_equal(got, want)
+
+
 @pytest.mark.parametrize("key", list(ref.TINY_MODELS))
 def test_kv_cache_equals_one_shot(key, tiny, float_products):
     """Float products: the kernels' int8 rounding of x differs between one row and several, which is not

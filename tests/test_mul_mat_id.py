@@ -111,6 +111,38 @@ def test_bad_ids_raise_and_never_read_out_of_bounds():
     mx.eval(ok)
 
 
+def test_unchecked_ids_stay_lazy_and_bad_ones_still_never_read_out_of_bounds(monkeypatch):
+    """check_ids=False (what models.load's routers use): the same products for good ids, the ids never evaluated
+    by the op; a bad lazy id still fails the CPU evaluation, and on a GPU gives its pair a NaN row, the other
+    pairs right."""
+    rng = np.random.default_rng(17)
+    E, N, K, T, U = 5, 24, 64, 3, 2
+    w, dense = experts(rng, GGMLType.Q8_0, E, N, K)
+    ids = random_ids(rng, T, U, E)
+    x = rng.standard_normal((T, 1, K)).astype(np.float32)
+    evaluated = []
+    monkeypatch.setattr(ops, "evaluate_ids_on_gpu", lambda *a, **k: evaluated.append(a))
+    y = ops.mul_mat_id(w, mx.array(x), mx.array(ids) + 0, check_ids=False)
+    assert evaluated == []
+    checked = ops.mul_mat_id(w, mx.array(x), mx.array(ids) + 0)
+    assert len(evaluated) == 1
+    np.testing.assert_array_equal(to_numpy(y), to_numpy(checked))
+    assert nmse(to_numpy(y), expected(dense, x, ids)) <= QUANT_NMSE
+    bad = mx.array(ids) + mx.array([[0, 0], [0, 0], [0, E]], mx.int32)  # pair (2, 1) out of range
+    out = ops.mul_mat_id(w, mx.array(x), bad, check_ids=False)
+    if mx.default_device() == mx.cpu:
+        with pytest.raises(RuntimeError, match=rf"ids\[2, 1\] = {ids[2, 1] + E} is not an expert index"):
+            mx.eval(out)
+    else:
+        got = to_numpy(out)
+        assert np.isnan(got[2, 1]).all()
+        keep = np.ones((T, U), bool)
+        keep[2, 1] = False
+        assert nmse(got[keep], expected(dense, x, ids)[keep]) <= QUANT_NMSE
+    with pytest.raises(TypeError, match="check_ids must be a bool"):
+        ops.mul_mat_id(w, mx.array(x), mx.array(ids), check_ids=1)
+
+
 def test_bad_shapes_and_types():
     w, _ = experts(np.random.default_rng(8), GGMLType.Q4_0, 4, 8, 32)
     ids = mx.array([[0, 1], [2, 3]], mx.int32)
@@ -227,3 +259,10 @@ def test_switch_linear_is_a_drop_in_for_mlx_lms_switch_glu():
             got = layer(x, ids)
             assert got.shape == (1, T, used, dims)
             assert nmse(to_numpy(got), want) <= 4 * QUANT_NMSE
+            for proj in (ours.gate_proj, ours.up_proj, ours.down_proj):  # lazy ids (models.load's): same numbers
+                proj.check_ids = False
+            np.testing.assert_array_equal(to_numpy(layer(x, ids + 0)), to_numpy(got))
+            for proj in (ours.gate_proj, ours.up_proj, ours.down_proj):
+                proj.check_ids = True
+    with pytest.raises(TypeError, match="check_ids must be a bool"):
+        GGMLSwitchLinear(w, check_ids="no")

@@ -168,7 +168,9 @@ def attach_weights(model: nn.Module, tensors: Mapping[str, GGMLTensor], architec
             if bias_name in tensors:  # one bias row per expert (gpt-oss)
                 used.add(bias_name)
                 bias = float_array(tensors[bias_name], shape[:2], bias_name)
-            replacements.append((path, GGMLSwitchLinear(tensor, bias)))
+            # The ids come from the model's router (top-k of the experts' gate scores: in range by construction),
+            # lazily: checking them would evaluate every layer's router on its own (a GPU synchronization each).
+            replacements.append((path, GGMLSwitchLinear(tensor, bias, check_ids=False)))
         elif _is_norm(module):
             replacements.append((path, _norm(module, float_vector(tensor, weight_name), path)))
         else:
