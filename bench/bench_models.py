@@ -200,25 +200,31 @@ def main():
 
     model, _ = models.load(args.model)
     contenders = {"ours": lambda: ours(model, prompts, args.decode, 1, reps)}
+    mlx_models = [model]  # every MLX model, warmed up before the rounds
     if args.mlx_4bit:
         # The residual adds stay MLX's own ops in this model (as in the runs before they were fused in ours).
         affine = mlx_affine4(load_unfused_residual(args.model))
         contenders["mlx_affine4"] = lambda: ours(affine, prompts, args.decode, 1, reps)
+        mlx_models.append(affine)
     if args.unstacked:
         unstacked, _ = models.load(args.model, stack_projections=False)
         contenders["ours_unstacked"] = lambda: ours(unstacked, prompts, args.decode, 1, reps)
+        mlx_models.append(unstacked)
     if args.one_pass_head:
         one_pass, _ = models.load(args.model, precise_head=False)
         contenders["ours_one_pass_head"] = lambda: ours(one_pass, prompts, args.decode, 1, reps)
+        mlx_models.append(one_pass)
     if args.unfused_residual:
         unfused = load_unfused_residual(args.model)
         contenders["ours_unfused_residual"] = lambda: ours(unfused, prompts, args.decode, 1, reps)
+        mlx_models.append(unfused)
     if args.checked_ids:
         checked, _ = models.load(args.model)
         for _, module in checked.named_modules():
             if isinstance(module, GGMLSwitchLinear):
                 module.check_ids = True
         contenders["ours_checked_ids"] = lambda: ours(checked, prompts, args.decode, 1, reps)
+        mlx_models.append(checked)
     if args.llama_bench:
         contenders["llama.cpp"] = lambda: llama_bench(args.llama_bench, args.model, prompts, args.decode,
                                                       args.threads, args.llama_args, reps)
@@ -229,8 +235,7 @@ def main():
     emit({"setup": setup})
     # Warm-up of every MLX model: first-call allocations, kernel loads and page faults of the mapped weights
     # (without it the first round's MLX affine 4-bit prefill on the H100 came out at half speed).
-    for warm in ([model] + ([affine] if args.mlx_4bit else []) + ([unstacked] if args.unstacked else []) +
-                 ([one_pass] if args.one_pass_head else []) + ([unfused] if args.unfused_residual else []) + ([checked] if args.checked_ids else [])):
+    for warm in mlx_models:
         ours(warm, prompts, 8, 0)
     samples = {name: [] for name in contenders}
     for r in range(args.rounds):

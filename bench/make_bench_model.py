@@ -97,7 +97,8 @@ def main():
         **tokenizer,
     }
     if args.experts:
-        metadata.update({f"{arch}.expert_count": u32(args.experts), f"{arch}.expert_used_count": u32(args.experts_used)})
+        metadata.update({f"{arch}.expert_count": u32(args.experts),
+                         f"{arch}.expert_used_count": u32(args.experts_used)})
     rng = np.random.default_rng(args.seed)
     h, kv = args.hidden, args.kv_heads * head_dim
     tensors = {"token_embd.weight": random_f16(rng, (n_vocab, h), 0.02),

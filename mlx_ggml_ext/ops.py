@@ -306,9 +306,9 @@ def mul_mat_id(w: Union[GGMLTensor, mx.array], x: mx.array, ids: mx.array, *, ch
     raises (``mx.eval``: RuntimeError with the same message) and a GPU kernel gives that pair a row of NaN; no
     weight is read out of bounds. ``check_ids=False`` leaves lazy ids lazy on a GPU stream (no evaluation, no
     synchronization: a model whose router makes the ids, top-k of E gate scores, in ``[0, E)`` by construction,
-    keeps its token in one graph); a bad id then gives its pair a NaN row there. Differentiable in x (the blocks and ids have no gradient); supports vmap
-    (over x, ids and a batch of expert sets), jvp and mx.compile (shapeless too). CPU; CUDA; Metal (checked in
-    the project's Metal emulator only, not on Apple hardware).
+    keeps its token in one graph); a bad id then gives its pair a NaN row there. Differentiable in x (the blocks
+    and ids have no gradient); supports vmap (over x, ids and a batch of expert sets), jvp and mx.compile
+    (shapeless too). CPU; CUDA; Metal (checked in the project's Metal emulator only, not on Apple hardware).
     """
     _require_array("x", x)
     _require_array("ids", ids)
