@@ -53,6 +53,15 @@ inline __attribute__((always_inline)) void nibble_chunk_scales(const uint8_t* sc
   is.set((vi8x16)_mm_add_epi8(_mm_add_epi8(s, s), _mm_set1_epi8(1)), d);
 }
 
+// The 32-bit word IQ2_XXS and IQ3_XXS end each sub-block with: four 7-bit ksigns fields (8 elements each) and the
+// sub-block's 4-bit scale on top, as the +-1 signs and the scale 2s + 1 of a SignedSub.
+inline __attribute__((always_inline)) SignedSub signs_and_scale(__m256i grid, uint32_t aux, const GridBytes& t) {
+  return {grid,
+          plus_minus(entries8(t.sign_masks[aux & 127], t.sign_masks[(aux >> 7) & 127],
+                              t.sign_masks[(aux >> 14) & 127], t.sign_masks[(aux >> 21) & 127])),
+          _mm256_set1_epi16(static_cast<short>(2 * (aux >> 28) + 1))};
+}
+
 // IQ2_XXS: per sub-block one 64-bit word, 4 grid indices (bytes) then 4 seven-bit sign fields and the scale on top.
 // The word is loaded once and split by shifts (the scalar units are otherwise idle; four byte loads would add to
 // the tables' and x's loads).
@@ -68,11 +77,9 @@ struct Iq2xxsBlock {
     uint64_t w;
     std::memcpy(&w, b->qs + 4 * ib, sizeof w);
     const uint32_t aux = static_cast<uint32_t>(w >> 32);
-    return {(__m256i)entries8(t.iq2xxs[w & 255], t.iq2xxs[(w >> 8) & 255], t.iq2xxs[(w >> 16) & 255],
-                              t.iq2xxs[(w >> 24) & 255]),
-            plus_minus(entries8(t.sign_masks[aux & 127], t.sign_masks[(aux >> 7) & 127],
-                                t.sign_masks[(aux >> 14) & 127], t.sign_masks[(aux >> 21) & 127])),
-            _mm256_set1_epi16(static_cast<short>(2 * (aux >> 28) + 1))};
+    return signs_and_scale((__m256i)entries8(t.iq2xxs[w & 255], t.iq2xxs[(w >> 8) & 255],
+                                             t.iq2xxs[(w >> 16) & 255], t.iq2xxs[(w >> 24) & 255]),
+                           aux, t);
   }
 };
 
@@ -157,11 +164,9 @@ struct Iq3xxsBlock {
     std::memcpy(&w, b->qs + 8 * ib, sizeof w);
     const uint32_t lo = static_cast<uint32_t>(w), hi = static_cast<uint32_t>(w >> 32);
     const uint32_t aux = b->scales_signs[2 * ib] | (static_cast<uint32_t>(b->scales_signs[2 * ib + 1]) << 16);
-    return {entries4(t.iq3xxs, lo & 255, (lo >> 8) & 255, (lo >> 16) & 255, lo >> 24, hi & 255, (hi >> 8) & 255,
-                     (hi >> 16) & 255, hi >> 24),
-            plus_minus(entries8(t.sign_masks[aux & 127], t.sign_masks[(aux >> 7) & 127],
-                                t.sign_masks[(aux >> 14) & 127], t.sign_masks[(aux >> 21) & 127])),
-            _mm256_set1_epi16(static_cast<short>(2 * (aux >> 28) + 1))};
+    return signs_and_scale(entries4(t.iq3xxs, lo & 255, (lo >> 8) & 255, (lo >> 16) & 255, lo >> 24, hi & 255,
+                                    (hi >> 8) & 255, (hi >> 16) & 255, hi >> 24),
+                           aux, t);
   }
 };
 
