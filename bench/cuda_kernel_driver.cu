@@ -19,94 +19,16 @@
 // row divided by 200 ("step1_us": the dot kernel alone on x quantized once; "plan_us": every step of the plan,
 // as the op runs). The rooflines are measured in the same run on the same bytes: "copy": cudaMemcpyAsync of the
 // weight bytes (read + write), "read": a kernel that only streams them (16-byte loads, one sum per block).
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <string>
-#include <vector>
-
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include "kernels/common/ggml_blocks.h"
-#include "kernels/cuda/kernels.h"
+#include "bench/cuda_driver_common.cuh"
 #include "kernels/cuda/matmul_common.cuh"  // tiles_plan, int8_tiles_plan: the prefill A/B
 
 using namespace ggml_ext::cuda;
-
-#define CHECK(call)                                                                                   \
-  do {                                                                                                \
-    cudaError_t e_ = (call);                                                                          \
-    if (e_ != cudaSuccess) {                                                                          \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_));      \
-      std::exit(1);                                                                                   \
-    }                                                                                                 \
-  } while (0)
+using namespace driver;
 
 namespace {
-
-// Bytes from a hash of their index: the content does not change the integer kernels' time; fp16 scales get
-// small finite values so the float work is the usual one.
-__global__ void fill_kernel(uint8_t* p, size_t n, uint32_t seed) {
-  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
-    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
-    h ^= h >> 15;
-    h *= 2246822519u;
-    h ^= h >> 13;
-    p[i] = static_cast<uint8_t>(h & 0x3F);  // below 0x40: as an fp16's high byte, a small finite value
-  }
-}
-
-__global__ void fill_half_kernel(__half* p, size_t n) {
-  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x)
-    p[i] = __float2half(static_cast<float>(static_cast<int>(i * 7919 % 2001) - 1000) / 1000.0f);
-}
-
-// The read roofline: every 16-byte word read once (four loads in flight per thread), one word per block stored.
-__global__ void read_kernel(const uint4* p, size_t words, unsigned* out) {
-  const size_t stride = size_t{gridDim.x} * blockDim.x;
-  size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x;
-  unsigned acc = 0;
-  for (; i + 3 * stride < words; i += 4 * stride) {
-    uint4 v[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) v[j] = __ldg(p + i + j * stride);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) acc ^= v[j].x ^ v[j].y ^ v[j].z ^ v[j].w;
-  }
-  for (; i < words; i += stride) {
-    const uint4 v = __ldg(p + i);
-    acc ^= v.x ^ v.y ^ v.z ^ v.w;
-  }
-  if (acc == 0x12345678u) out[blockIdx.x] = acc;  // practically never: keeps the loads
-}
-
-struct Timer {
-  cudaEvent_t start, stop;
-  Timer() {
-    CHECK(cudaEventCreate(&start));
-    CHECK(cudaEventCreate(&stop));
-  }
-  template <typename F>
-  float us(int iters, F&& body) {
-    for (int i = 0; i < 10; ++i) body(i);  // warm-up
-    CHECK(cudaEventRecord(start));
-    for (int i = 0; i < iters; ++i) body(i);
-    CHECK(cudaEventRecord(stop));
-    CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    CHECK(cudaEventElapsedTime(&ms, start, stop));
-    return ms * 1000.0f / static_cast<float>(iters);
-  }
-};
-
-void launch(const KernelLaunch& l, QuantizedMatmulArgs& a) {
-  if (l.shared_bytes > 48 * 1024) {  // above the default limit: raised per kernel, as csrc/backend/cuda does
-    CHECK(cudaFuncSetAttribute(l.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(l.shared_bytes)));
-  }
-  void* params[] = {&a};
-  CHECK(cudaLaunchKernel(l.kernel, l.grid, l.block, params, l.shared_bytes, 0));
-}
 
 // One batch of x (m rows, f16) against one weight of n rows of row_bytes bytes, as both modes below run it.
 QuantizedMatmulArgs single_batch_args(const void* x, const void* w, void* y, int64_t m, int64_t n, int64_t k,
@@ -123,45 +45,14 @@ QuantizedMatmulArgs single_batch_args(const void* x, const void* w, void* y, int
   return a;
 }
 
-struct TypeInfo {
-  const char* name;
-  int id, qk, bytes;
-};
-const TypeInfo kTypes[] = {
-#define GGML_EXT_TYPE_INFO(NAME, name, id, qk, bytes) {#NAME, id, qk, bytes},
-    GGML_EXT_FOR_EACH_QUANT_TYPE(GGML_EXT_TYPE_INFO)
-#undef GGML_EXT_TYPE_INFO
-};
-
-const TypeInfo& type_named(const char* name) {
-  for (const auto& info : kTypes)
-    if (std::strcmp(info.name, name) == 0) return info;
-  std::fprintf(stderr, "no type %s\n", name);
-  std::exit(1);
-}
-
-// Enough copies of a weight of `bytes` bytes (>= 256 MB together) that each product reads its own from DRAM.
-std::vector<uint8_t*> weight_copies(int64_t bytes) {
-  std::vector<uint8_t*> w(static_cast<size_t>((size_t{256} << 20) / bytes + 1));
-  for (size_t c = 0; c < w.size(); ++c) {
-    CHECK(cudaMalloc(&w[c], bytes));
-    fill_kernel<<<1024, 256>>>(w[c], bytes, 17u * static_cast<uint32_t>(c) + 1);
-  }
-  return w;
-}
-
 }  // namespace
 
 // The plan's result for m rows of x against float64 math on the weight dequantized with ggml_blocks.h's
 // reference decoders, as NMSE (the GPU suite's bound for this x: 5e-4).
 double check_case(const TypeInfo& t, int64_t n, int64_t k, int m) {
   const int64_t row_bytes = k / t.qk * t.bytes;
-  std::vector<uint8_t> w(n * row_bytes);
-  uint32_t h = 12345u + static_cast<uint32_t>(t.id);
-  for (auto& b : w) {
-    h = h * 1664525u + 1013904223u;
-    b = static_cast<uint8_t>((h >> 24) & 0x3F);  // fp16 fields stay finite (see fill_kernel)
-  }
+  std::vector<uint8_t> w = random_weight_bytes(n * row_bytes, 12345u + static_cast<uint32_t>(t.id));
+  uint32_t h = 777u + static_cast<uint32_t>(t.id);
   std::vector<__half> x(m * k);
   std::vector<double> xd(m * k);
   for (int64_t i = 0; i < m * k; ++i) {
@@ -172,18 +63,7 @@ double check_case(const TypeInfo& t, int64_t n, int64_t k, int m) {
   std::vector<double> ref(m * n, 0.0);
   std::vector<float> row(k);
   for (int64_t r = 0; r < n; ++r) {
-    const uint8_t* blocks = w.data() + r * row_bytes;
-    for (int64_t c = 0; c < k / 16; ++c) {
-      const uint8_t* block = blocks + (c * 16 / t.qk) * t.bytes;
-      const int chunk = static_cast<int>(c % (t.qk / 16));
-      float* out = row.data() + c * 16;
-      switch (t.id) {
-#define GGML_EXT_CHECK_DEQUANT(NAME, name, id, qk, bytes) \
-  case id: ggml_ext_dequant16_##name(reinterpret_cast<const block_##name*>(block), chunk, out); break;
-        GGML_EXT_FOR_EACH_QUANT_TYPE(GGML_EXT_CHECK_DEQUANT)
-#undef GGML_EXT_CHECK_DEQUANT
-      }
-    }
+    dequantize_row(t, w.data() + r * row_bytes, k, row.data());
     for (int i = 0; i < m; ++i) {
       double acc = 0.0;
       for (int64_t j = 0; j < k; ++j) acc += xd[i * k + j] * row[j];

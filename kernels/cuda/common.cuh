@@ -1,6 +1,7 @@
 // Device helpers shared by the CUDA kernels: float formats, vector loads/stores, block reductions.
 #pragma once
 #include <cstdint>
+#include <cstdlib>
 #include <type_traits>
 
 #include <cuda_bf16.h>
@@ -9,6 +10,29 @@
 #include "kernels/cuda/kernels.h"
 
 namespace ggml_ext::cuda {
+
+// Variant builds of the standalone kernel drivers (bench/cuda_*_driver.cu, -DGGML_EXT_TUNING): whether the switch
+// `name` (an environment variable) is 1, for timing a plan's alternatives in one run; never in the package's builds.
+inline bool tuning_switch(const char* name) {
+#if defined(GGML_EXT_TUNING)
+  const char* v = std::getenv(name);
+  return v != nullptr && std::atoi(v) == 1;
+#else
+  (void)name;
+  return false;
+#endif
+}
+
+// Variant builds: the integer in the environment variable `name`, or `fallback` (always, in the package's builds).
+inline int tuning_int(const char* name, int fallback) {
+#if defined(GGML_EXT_TUNING)
+  const char* v = std::getenv(name);
+  return v != nullptr ? std::atoi(v) : fallback;
+#else
+  (void)name;
+  return fallback;
+#endif
+}
 
 // The storage type of each FloatType.
 template <FloatType kType>

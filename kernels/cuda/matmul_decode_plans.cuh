@@ -113,16 +113,6 @@ inline bool tuning_variant(const char* variant) {
 #endif
 }
 
-// Tuning builds: whether the switch `name` (an environment variable) is 1; never in the package's builds.
-inline bool tuning_switch(const char* name) {
-#if defined(GGML_EXT_TUNING)
-  const char* v = std::getenv(name);
-  return v != nullptr && std::atoi(v) == 1;
-#else
-  (void)name;
-  return false;
-#endif
-}
 
 // Whether a weight has too few rows for the one-kernel plans (fused, staged with x inside) but where measured
 // otherwise (fused_few_rows_max_m, shared_x_route): each block quantizes all of x for the few rows it then takes.

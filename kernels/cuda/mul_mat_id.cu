@@ -12,7 +12,7 @@
 //   1. grouped_dot_kernel: grid (weight-row tiles, busy_bound): block row y takes the y-th expert that has pairs
 //      (at most min(e + 1, t * n_used) of them, so a decode of 8 of 128 experts launches 8 rows of blocks, not 129;
 //      the rows past the list's length exit). A warp owns R rows of its expert and walks the expert's pairs in
-//      chunks of MB (1, 2, 4 or 8: up to t, set_dot_steps): the chunk's rows of x are gathered through the sorted
+//      chunks of MB (1, 2, 4 or 8: pairs_per_chunk): the chunk's rows of x are gathered through the sorted
 //      pair list (GatheredX), and each x-block group of the warp's weight rows is read and decoded once for all of
 //      them (WarpDot of matmul_decode_dp4a.cuh: the decode route's __dp4a products, so the arithmetic is
 //      quantized_matmul's on m <= 8 rows). An expert with more pairs than MB reads its rows again for the next
@@ -27,10 +27,10 @@
 //   the ids: (t * n_used + min(e + 1, t * n_used) * 63) / 64); a block finds its bucket and tile by a binary search
 //   of the tile prefix, the blocks past the last tile exit, the bad ids' tiles write NaN. Each expert's rows are
 //   decoded once per 64 of its pairs, not once per 8.
-//   One token (n_used <= kOneLaunchPairs, its row of x within 48 KB) takes one launch instead,
-//   one_launch_dot_kernel (mul_mat_id_one_launch.cuh): each block finds its expert and pairs in the ids itself and
-//   quantizes the row of x into its shared memory; no workspace. (At 8 tokens that per-block quantization made it
-//   slower than the two launches: set_grouped_dot.)
+//   One pair per chunk (a decode: MB = 1, n_used <= kOneLaunchPairs, a row of x within 48 KB) takes one launch
+//   instead, one_launch_dot_kernel (mul_mat_id_one_launch.cuh): each block finds its expert and pairs in the ids
+//   itself, quantizes the row of x into its shared memory and takes several row groups of the expert on it; no
+//   workspace, one kernel node.
 //   Other weights (float types, quantized rows not on 4-byte boundaries):
 //   step 0 only groups, and step 1 is grouped_float_kernel, a warp per weight row, each 16-element chunk decoded once
 //   per chunk of 8 pairs by the shared chunk decoders of weights.cuh, float32 sums, its blocks mapped as step 1's.
@@ -228,18 +228,21 @@ bool with_dot_format(int type, Make&& make) {
   return false;
 }
 
-// The dot step with MB pairs per chunk: one launch (one_launch_dot_kernel, no workspace) for one token where its
-// pairs fit one block and a chunk's rows of x its shared memory, else step 1 after step 0. One token only: every
-// block of the one-launch kernel quantizes its chunk's rows of x itself, which at 8 tokens (MB = 8) made it slower
-// than the two launches (H200, qwen3-30b-a3b's experts: 81-103 us per product against 44-50 on an H100 the day
-// before, and against 31-40 us for one token; bench/results/h200-2026-11-28-mul-mat-id-vs-llama-cpp-cuda.json).
+// The dot step with MB pairs per chunk: one launch (one_launch_dot_kernel, no workspace) at one pair per chunk where
+// the pairs fit one block and a row of x its shared memory, else step 1 after step 0. Each block of the one-launch
+// kernel quantizes its chunk's rows of x itself; at MB = 8 that made it slower than the two launches (H200,
+// qwen3-30b-a3b's experts, 8 tokens: 81-103 us per product against 44-50 on an H100 the day before;
+// bench/results/h200-2026-11-28-mul-mat-id-vs-llama-cpp-cuda.json), so it is compiled for MB = 1 only.
 template <class F, int MB, typename T>
 void set_grouped_dot(MulMatIdPlan& p, const MulMatIdArgs& a) {
   const dim3 grid(ceil_div(a.n, kDotWarps * rows_per_warp<MB>()), busy_bound(a)), block(kDotWarps * 32);
-  if constexpr (MB == 1) {  // the one-launch kernel is compiled for one token only
+  if constexpr (MB == 1) {  // the one-launch kernel is compiled for one pair per chunk only
     const int64_t shared = one_launch_shared_bytes<MB>(a);
-    if (pair_count(a) <= kOneLaunchPairs && shared <= kOneLaunchShared) {
-      p.steps[0] = KernelLaunch{reinterpret_cast<const void*>(&one_launch_dot_kernel<F, MB, T>), grid, block,
+    const bool fits = pair_count(a) <= kOneLaunchPairs && shared <= kOneLaunchShared;
+    if (fits && !tuning_switch("GGML_EXT_MMID_TWO_LAUNCHES")) {
+      const int64_t row_groups = ceil_div(a.n, kDotWarps * rows_per_warp<MB>());
+      const dim3 one_grid(ceil_div(row_groups, one_launch_groups(row_groups, busy_bound(a))), busy_bound(a));
+      p.steps[0] = KernelLaunch{reinterpret_cast<const void*>(&one_launch_dot_kernel<F, MB, T>), one_grid, block,
                                 static_cast<unsigned>(shared)};
       p.steps[1] = KernelLaunch{};
       p.workspace_bytes = 0;
@@ -249,10 +252,25 @@ void set_grouped_dot(MulMatIdPlan& p, const MulMatIdArgs& a) {
   p.steps[1] = KernelLaunch{reinterpret_cast<const void*>(&grouped_dot_kernel<F, MB, T>), grid, block};
 }
 
-// The two steps of the integer dots, where they take the weight. The pairs per chunk (MB, as the decode route's rows
-// of x: 1, 2, 4 or 8) follow from the tokens: a token's slots name distinct experts in every router of ggml (top-k),
-// so an expert has at most t pairs, and the registers of more would sit idle (a decode of one token takes one
-// pair per chunk). An expert chosen twice by one token is still right: it takes one more chunk.
+// The pairs per chunk of the dot kernels (MB, as the decode route's rows of x: 1, 2, 4 or 8): the pairs a busy expert
+// takes on average if the router spread the tokens evenly, t * n_used over the expected number of busy experts
+// e * (1 - (1 - n_used / e)^t), rounded up, and at most t (a token's slots name distinct experts in every router of
+// ggml: top-k). The registers of more pairs than an expert has sit idle; an expert with more takes more chunks,
+// its rows read again from L2 (an expert chosen twice by one token likewise). H200, 8 of 128 experts, 8 tokens, ncu
+// at base clocks (bench/cuda_mul_mat_id_driver.cu), MB 8 (t, the rule before) / 2: random routing Q4_0 768 x 2048
+// 54.1 / 32.6 us, Q4_K 63.6 / 40.5, 2048 x 768 76.8 / 49.0 and 108.4 / 75.2; every token on the same 8 experts (the
+// most an expert can take) 27.0 / 25.7, 30.9 / 35.1, 39.9 / 38.1, 55.8 / 56.9 (Q8_0 and Q6_K alike).
+inline int pairs_per_chunk(const MulMatIdArgs& a) {
+  const double used = static_cast<double>(a.n_used < a.e ? a.n_used : a.e);
+  const double busy = static_cast<double>(a.e) * (1.0 - std::pow(1.0 - used / static_cast<double>(a.e),
+                                                                  static_cast<double>(a.t)));
+  const double average = static_cast<double>(pair_count(a)) / (busy > 1.0 ? busy : 1.0);
+  int mb = 1;
+  while (mb < 8 && mb < a.t && average > mb * (1.0 + 1e-9)) mb *= 2;
+  return tuning_int("GGML_EXT_MMID_MB", mb);
+}
+
+// The two steps of the integer dots, where they take the weight; the pairs per chunk from pairs_per_chunk.
 template <typename T>
 bool set_dot_steps(MulMatIdPlan& p, const MulMatIdArgs& a, int type) {
   if (a.k <= 0 || a.k % 32 != 0 || a.row_bytes % 4 != 0 || !aligned(a.w, 4)) return false;  // no empty grid
@@ -264,11 +282,12 @@ bool set_dot_steps(MulMatIdPlan& p, const MulMatIdArgs& a, int type) {
     first.grid = dim3(1 + ceil_div(xq.m * (a.k / 32) * 8, kQuantizeThreads));
     first.block = dim3(kGroupThreads);
     p.workspace_bytes += records_offset(xq) + xq.m * (a.k / 32) * static_cast<int64_t>(sizeof(XRecord));
-    if (a.t <= 1) {
+    const int mb = pairs_per_chunk(a);
+    if (mb <= 1) {
       set_grouped_dot<F, 1, T>(p, a);
-    } else if (a.t <= 2) {
+    } else if (mb <= 2) {
       set_grouped_dot<F, 2, T>(p, a);
-    } else if (a.t <= 4) {
+    } else if (mb <= 4) {
       set_grouped_dot<F, 4, T>(p, a);
     } else {
       set_grouped_dot<F, 8, T>(p, a);
@@ -326,17 +345,25 @@ MulMatIdPlan mul_mat_id_plan_typed(const MulMatIdArgs& a, int type, bool transpo
 }  // namespace
 
 MulMatIdPlan mul_mat_id_plan(const MulMatIdArgs& args, int ggml_type, FloatType x_type, bool transpose) {
+#if defined(GGML_EXT_TUNING)  // float32 x only (bench/cuda_mul_mat_id_driver.cu's), so that variant builds stay quick
+  if (x_type == FloatType::f32) return mul_mat_id_plan_typed<float>(args, ggml_type, transpose);
+#else
   GGML_EXT_CUDA_FLOAT_SWITCH(x_type, kType,
                              return mul_mat_id_plan_typed<typename Storage<kType>::type>(args, ggml_type, transpose));
+#endif
   return {};
 }
 
 // Whether mul_mat_id_plan takes the grouped tensor-core tiles (for the tests: tests/cuda_emulation).
 bool mul_mat_id_takes_tiles(const MulMatIdArgs& args, int ggml_type, FloatType x_type, bool transpose) {
   MulMatIdPlan p;
+#if defined(GGML_EXT_TUNING)
+  if (x_type == FloatType::f32) return !transpose && set_tile_step<float, TensorCoreType<float>>(p, args, ggml_type);
+#else
   GGML_EXT_CUDA_FLOAT_SWITCH(
       x_type, kType, using T = typename Storage<kType>::type;
       return !transpose && set_tile_step<T, TensorCoreType<T>>(p, args, ggml_type));
+#endif
   return false;
 }
 

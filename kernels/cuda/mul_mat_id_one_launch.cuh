@@ -14,6 +14,18 @@ constexpr int kDotWarps = 4;              // both dot kernels: warps per block, 
 constexpr int kOneLaunchPairs = 64;       // pairs one block groups by itself (one token of up to 64 experts)
 constexpr int64_t kOneLaunchShared = 48 * 1024;  // the chunk's quantized rows of x: several blocks per SM
 static_assert(kDotWarps * 32 >= kOneLaunchPairs, "a thread per pair");
+// Row groups (kDotWarps * R weight rows each) a one-launch block takes in turn on the x it quantized once: the most
+// of 1, 2, 4, 8 that leave the grid kOneLaunchMinBlocks blocks. With one group a block read and quantized its row of
+// x (4 bytes an element) for 4 weight rows (0.56 bytes an element at Q4_K): the x work was twice the weight's bytes.
+// H200, ncu at base clocks, 8 of 128 experts, one token (bench/cuda_mul_mat_id_driver.cu), groups 1 / 2 / 4 / 8:
+// Q4_K 768 x 2048 16.0 / 11.9 / 11.7 / 15.0 us, 2048 x 768 24.0 / 17.1 / 14.3 / 15.6 (Q4_0, Q8_0, Q6_K alike):
+// the best left 768 and 1024 blocks, fewer (384, 512) left SMs without enough loads in flight.
+constexpr int64_t kOneLaunchMinBlocks = 768;
+inline int one_launch_groups(int64_t row_groups, int64_t busy) {
+  int groups = 8;
+  while (groups > 1 && (row_groups + groups - 1) / groups * busy < kOneLaunchMinBlocks) groups /= 2;
+  return tuning_int("GGML_EXT_MMID_GROUPS", groups);
+}
 
 // The experts as one product of one batch (b2 = a2 = ratio2 = ratio3 = 1, so weight_batch(view, e) is e), m set per
 // chunk; x and the workspace as the caller needs them.
@@ -52,9 +64,10 @@ inline int64_t one_launch_shared_bytes(const MulMatIdArgs& a) {
 }
 
 // Block (bx, y) takes the y-th distinct bucket of the ids in pair order (blocks past the last exit; bucket e, the
-// ids outside [0, e), gets NaN rows) and, warp w, its weight rows n0 = (bx * kDotWarps + w) * R ..; for each chunk
-// of up to MB of the bucket's pairs the block quantizes their rows of x into shared memory (as quantize_x_kernel
-// would) and the warps take them as grouped_dot_kernel does.
+// ids outside [0, e), gets NaN rows) and its G row groups of kDotWarps * R weight rows (G from the grid's width: the
+// groups of the weight over gridDim.x), warp w the R rows n0 = ((bx * G + g) * kDotWarps + w) * R .. of group g; for
+// each chunk of up to MB of the bucket's pairs the block quantizes their rows of x into shared memory (as
+// quantize_x_kernel would) and the warps take them as grouped_dot_kernel does, one row group after another.
 template <class F, int MB, typename T>
 __global__ void __launch_bounds__(kDotWarps * 32) one_launch_dot_kernel(MulMatIdArgs a) {
   constexpr int R = rows_per_warp<MB>();
@@ -92,9 +105,14 @@ __global__ void __launch_bounds__(kDotWarps * 32) one_launch_dot_kernel(MulMatId
   }
   __syncthreads();
   const int count = mine_count;
-  const int64_t n0 = (static_cast<int64_t>(blockIdx.x) * kDotWarps + tid / 32) * R;
+  constexpr int kGroupRows = kDotWarps * R;  // rows between a warp's row groups
+  const int64_t groups_per_block = ((a.n + kGroupRows - 1) / kGroupRows + gridDim.x - 1) / gridDim.x;
+  const int64_t first_row = static_cast<int64_t>(blockIdx.x) * groups_per_block * kGroupRows + tid / 32 * R;
   if (b == a.e) {
-    if (n0 < a.n) store_nan_rows<T>(a, mine, count, n0, R, lane);
+    for (int64_t g = 0; g < groups_per_block; ++g) {
+      const int64_t n0 = first_row + g * kGroupRows;
+      if (n0 < a.n) store_nan_rows<T>(a, mine, count, n0, R, lane);
+    }
     return;
   }
   const int xblocks = static_cast<int>(a.k / 32), all = MB * xblocks;
@@ -118,8 +136,10 @@ __global__ void __launch_bounds__(kDotWarps * 32) one_launch_dot_kernel(MulMatId
                               });
     }
     __syncthreads();
-    if (n0 < a.n) {
-      view.m = m;
+    view.m = m;
+    for (int64_t g = 0; g < groups_per_block; ++g) {
+      const int64_t n0 = first_row + g * kGroupRows;
+      if (n0 >= a.n) break;  // the warp's later groups too
       WarpDot<F, MB, R, SharedX> dot(view, n0, x, b);
 #pragma unroll kUnroll
       for (int p = lane; p < groups; p += 32) dot.template add<kG>(dot.rows, p, int64_t{p} * kG);
