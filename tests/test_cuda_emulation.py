@@ -654,16 +654,15 @@ def test_decode_float_weights(kernels, t, x_type, m):
 
 # ----------------------------------------------------------------------------- mul_mat_id
 # Forward: the (token, slot) pairs grouped by expert on the device (kernels/cuda/mul_mat_id_groups.cuh), then each
-# expert's rows decoded once per chunk of up to 8 of its pairs: quantized weights with rows on 4-byte boundaries take
-# the decode route's integer dots (x quantized to int8 per 32: test_decode's rule against ggml's own scheme), the
-# others the float chunk decoders (float32 sums). The transposed product (x's gradient) is grouped too, each decoded
-# chunk of an expert's rows used for up to 4 of its pairs.
+# expert's rows decoded once per chunk of up to 8 of its pairs: quantized weights take the decode route's integer dots
+# (x quantized to int8 per 32: test_decode's rule against ggml's own scheme; rows not on 4-byte boundaries staged
+# through shared memory first), float weights the float chunk decoders (float32 sums). The transposed product (x's
+# gradient) is grouped too, each decoded chunk of an expert's rows used for up to 4 of its pairs.
 
 def int_dot_route(t: GGMLType, k: int) -> bool:
-    """Whether the forward product takes the integer dots: a quantized type (the IQ grid and ternary ones too)
-    whose rows of k elements are whole 4-byte words (e.g. not MXFP4's 17-byte blocks in pairs)."""
-    row_bytes = k // t.block_size * t.type_size
-    return not t.is_float and row_bytes % 4 == 0
+    """Whether the forward product takes the integer dots: a quantized type (the IQ grid and ternary ones too),
+    whatever its rows' alignment (MXFP4's 17-byte blocks, Q6_K's 210-byte ones at an odd count)."""
+    return not t.is_float and k % 32 == 0
 
 
 def gguf_values(blocks: np.ndarray, t: GGMLType, n: int, k: int) -> np.ndarray:
@@ -720,7 +719,7 @@ MMID_TYPES = [GGMLType.Q4_0, GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0, GGMLTy
 def test_mul_mat_id(kernels, t, x_type, transpose, x_slots):
     """Each (token, slot) pair through its expert, ids read by the kernels, against float64 on gguf's decoded
     experts; a bad id (here E and -1) gives its pair a row of NaN and leaves the others right. Float rows of K = 259
-    end inside a 16-element chunk (the tail reads no x past the row); MXFP4's 34-byte rows take the float kernel."""
+    end inside a 16-element chunk (the tail reads no x past the row); MXFP4's 34-byte rows are staged."""
     rng = np.random.default_rng(int(t) * 10 + x_type + 3 * transpose)
     E, n, T, used = 5, 33, 4, 3
     k = 259 if t.is_float else 2 * max(t.block_size, 32)

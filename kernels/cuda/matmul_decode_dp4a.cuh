@@ -196,25 +196,20 @@ __global__ void __launch_bounds__(direct_warps<MB, kSplit>() * 32) decode_direct
   }
 }
 
-template <class F, int MB, typename T>
-__global__ void __launch_bounds__(warps_per_block<MB>() * 32) decode_dot_kernel(QuantizedMatmulArgs a) {
-  constexpr int R = rows_per_warp<MB>(), kWarps = warps_per_block<MB>();
+// Every x-block of a warp's rows into dot's sums, the rows copied segment by segment into `stage` (the warp's own
+// shared memory) with words of `width` bytes (copy_width of the weight's base and row length), the lanes decoding
+// from there: for rows whose fields cannot be read as aligned words from global memory. decode_dot_kernel's loop,
+// and mul_mat_id's (grouped_dot_kernel) for such rows.
+template <class F, int MB, int R, class X>
+__device__ __forceinline__ void add_staged_rows(WarpDot<F, MB, R, X>& dot, uint4 (*stage)[Seg<F, R>::kWords],
+                                                int width, int lane) {
   using S = Seg<F, R>;
-  __shared__ uint4 stage_all[kWarps][R][S::kWords];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int64_t n0 = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * R;
-  if (n0 >= a.n) return;  // the whole warp: only __syncwarp below
-  WarpDot<F, MB> dot(a, n0);
-  // The widest word that divides the weight's base address and row length (segments start 16-byte multiples in).
-  const int width = copy_width(reinterpret_cast<uintptr_t>(a.w), static_cast<uint64_t>(a.row_bytes));
-  uint4 (*stage)[S::kWords] = stage_all[warp];
   const uint8_t* staged[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) staged[r] = reinterpret_cast<const uint8_t*>(stage[r]);
-
   for (int64_t xb0 = 0; xb0 < dot.xblocks; xb0 += S::kXBlocks) {
     const int64_t offset = xb0 * 32 / F::kQK * static_cast<int64_t>(sizeof(typename F::Block));
-    const int64_t left = a.row_bytes - offset;
+    const int64_t left = dot.a.row_bytes - offset;
     const int bytes = static_cast<int>(left < S::kBytes ? left : S::kBytes);
     stage_rows<F, R>(dot.rows, offset, bytes, stage, width, lane);
     __syncwarp();
@@ -228,6 +223,19 @@ __global__ void __launch_bounds__(warps_per_block<MB>() * 32) decode_dot_kernel(
     }
     __syncwarp();  // the stage is rewritten next
   }
+}
+
+template <class F, int MB, typename T>
+__global__ void __launch_bounds__(warps_per_block<MB>() * 32) decode_dot_kernel(QuantizedMatmulArgs a) {
+  constexpr int R = rows_per_warp<MB>(), kWarps = warps_per_block<MB>();
+  __shared__ uint4 stage_all[kWarps][R][Seg<F, R>::kWords];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t n0 = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * R;
+  if (n0 >= a.n) return;  // the whole warp: only __syncwarp below
+  WarpDot<F, MB> dot(a, n0);
+  // The widest word that divides the weight's base address and row length (segments start 16-byte multiples in).
+  const int width = copy_width(reinterpret_cast<uintptr_t>(a.w), static_cast<uint64_t>(a.row_bytes));
+  add_staged_rows(dot, stage_all[warp], width, lane);
   dot.template store<T>(lane);
 }
 

@@ -4,8 +4,8 @@
 //
 // Forward product, two launches (mul_mat_id_plan) on one workspace:
 //   0. group_pairs (mul_mat_id_groups.cuh, block 0): the pairs sorted by expert, per-expert offsets and the list of
-//      the experts that have pairs. For quantized weights whose rows start on 4-byte boundaries (every quantized type
-//      with whole 32-element x-blocks) the same launch's other blocks quantize x's t * x_slots rows to int8 per 32
+//      the experts that have pairs. For quantized weights (every quantized type, K a multiple of 32) the same
+//      launch's other blocks quantize x's t * x_slots rows to int8 per 32
 //      elements with a float scale (quantize_x_thread of matmul_decode_operands.cuh, the decode route's step 0)
 //      into the workspace after the groups: one kernel node where there were two (each costs host time in MLX's
 //      CUDA graph).
@@ -16,7 +16,8 @@
 //      pair list (GatheredX), and each x-block group of the warp's weight rows is read and decoded once for all of
 //      them (WarpDot of matmul_decode_dp4a.cuh: the decode route's __dp4a products, so the arithmetic is
 //      quantized_matmul's on m <= 8 rows). An expert with more pairs than MB reads its rows again for the next
-//      chunk, from L2 (the block's rows stay small: R * row_bytes per warp).
+//      chunk, from L2 (the block's rows stay small: R * row_bytes per warp). Rows not on 4-byte boundaries are
+//      staged through the warp's shared memory first (kStaged, as quantized_matmul's decode_dot_kernel).
 //   Prefill (t * n_used >= 16 e: at least 16 pairs per expert on average, where the dp4a chunks would read each
 //   expert's rows twice or more) takes the tensor cores instead, for every weight type but float ones with float32 x:
 //   step 0 only groups (group_pairs also counts each busy bucket's tiles of kTilePairs = 64 pairs and their
@@ -31,7 +32,7 @@
 //   instead, one_launch_dot_kernel (mul_mat_id_one_launch.cuh): each block finds its expert and pairs in the ids
 //   itself, quantizes the row of x into its shared memory and takes several row groups of the expert on it; no
 //   workspace, one kernel node.
-//   Other weights (float types, quantized rows not on 4-byte boundaries):
+//   Float weights (F32, F16, BF16; any weight the integer dots cannot take):
 //   step 0 only groups, and step 1 is grouped_float_kernel, a warp per weight row, each 16-element chunk decoded once
 //   per chunk of 8 pairs by the shared chunk decoders of weights.cuh, float32 sums, its blocks mapped as step 1's.
 //   The bucket past the experts (e) holds the pairs whose id is outside [0, e): their output rows are NaN and no
@@ -87,9 +88,14 @@ __global__ void __launch_bounds__(kGroupThreads) group_and_quantize_kernel(MulMa
                               static_cast<int64_t>(blockIdx.x - 1) * kQuantizeThreads + threadIdx.x);
 }
 
-// Step 1 of quantized weights (rows on 4-byte boundaries): warp w of block (bx, y) takes rows
-// n0 = (bx * kDotWarps + w) * R .. n0 + R - 1 of busy expert y (e) for each chunk of its pairs.
-template <class F, int MB, typename T>
+// Step 1 of quantized weights: warp w of block (bx, y) takes rows n0 = (bx * kDotWarps + w) * R .. n0 + R - 1 of busy
+// expert y (e) for each chunk of its pairs. Rows on 4-byte boundaries are read straight from global memory; others
+// (kStaged: e.g. Q6_K, Q3_K and most IQ types at an odd number of 256-element blocks, such as the 768-element rows
+// of qwen3-30b-a3b's down experts) are copied into the warp's shared memory segment by segment first, as
+// quantized_matmul's decode_dot_kernel does. They took the float kernel before: Q6_K 2048 x 768, 8 of 128 experts,
+// kernel-only on an H200 at base clocks (bench/cuda_mul_mat_id_driver.cu), one token 42.0 -> 28.7 us (the aligned
+// types take 12.5-18.7), 8 tokens 221 -> 123.
+template <class F, int MB, typename T, bool kStaged>
 __global__ void __launch_bounds__(kDotWarps * 32) grouped_dot_kernel(MulMatIdArgs a) {
   constexpr int R = rows_per_warp<MB>();
   const int lane = threadIdx.x % 32;
@@ -114,8 +120,14 @@ __global__ void __launch_bounds__(kDotWarps * 32) grouped_dot_kernel(MulMatIdArg
       x.row[i] = static_cast<int32_t>(x_row_of_pair(a, pair[i]));
     }
     WarpDot<F, MB, R, GatheredX<MB>> dot(view, n0, x, e);
+    if constexpr (kStaged) {
+      __shared__ uint4 stage_all[kDotWarps][R][Seg<F, R>::kWords];
+      const int width = copy_width(reinterpret_cast<uintptr_t>(a.w), static_cast<uint64_t>(a.row_bytes));
+      add_staged_rows(dot, stage_all[threadIdx.x / 32], width, lane);
+    } else {
 #pragma unroll kUnroll
-    for (int p = lane; p < groups; p += 32) dot.template add<kG>(dot.rows, p, int64_t{p} * kG);
+      for (int p = lane; p < groups; p += 32) dot.template add<kG>(dot.rows, p, int64_t{p} * kG);
+    }
     store_pair_sums<T>(a, dot, pair, static_cast<int>(view.m), n0, lane);
   }
 }
@@ -234,12 +246,12 @@ bool with_dot_format(int type, Make&& make) {
 // qwen3-30b-a3b's experts, 8 tokens: 81-103 us per product against 44-50 on an H100 the day before;
 // bench/results/h200-2026-11-28-mul-mat-id-vs-llama-cpp-cuda.json), so it is compiled for MB = 1 only.
 template <class F, int MB, typename T>
-void set_grouped_dot(MulMatIdPlan& p, const MulMatIdArgs& a) {
+void set_grouped_dot(MulMatIdPlan& p, const MulMatIdArgs& a, bool words) {
   const dim3 grid(ceil_div(a.n, kDotWarps * rows_per_warp<MB>()), busy_bound(a)), block(kDotWarps * 32);
   if constexpr (MB == 1) {  // the one-launch kernel is compiled for one pair per chunk only
     const int64_t shared = one_launch_shared_bytes<MB>(a);
     const bool fits = pair_count(a) <= kOneLaunchPairs && shared <= kOneLaunchShared;
-    if (fits && !tuning_switch("GGML_EXT_MMID_TWO_LAUNCHES")) {
+    if (fits && words && !tuning_switch("GGML_EXT_MMID_TWO_LAUNCHES")) {
       const int64_t row_groups = ceil_div(a.n, kDotWarps * rows_per_warp<MB>());
       const dim3 one_grid(ceil_div(row_groups, one_launch_groups(row_groups, busy_bound(a))), busy_bound(a));
       p.steps[0] = KernelLaunch{reinterpret_cast<const void*>(&one_launch_dot_kernel<F, MB, T>), one_grid, block,
@@ -249,7 +261,9 @@ void set_grouped_dot(MulMatIdPlan& p, const MulMatIdArgs& a) {
       return;
     }
   }
-  p.steps[1] = KernelLaunch{reinterpret_cast<const void*>(&grouped_dot_kernel<F, MB, T>), grid, block};
+  const void* dot = words ? reinterpret_cast<const void*>(&grouped_dot_kernel<F, MB, T, false>)
+                          : reinterpret_cast<const void*>(&grouped_dot_kernel<F, MB, T, true>);
+  p.steps[1] = KernelLaunch{dot, grid, block};
 }
 
 // The pairs per chunk of the dot kernels (MB, as the decode route's rows of x: 1, 2, 4 or 8): the pairs a busy expert
@@ -273,7 +287,8 @@ inline int pairs_per_chunk(const MulMatIdArgs& a) {
 // The two steps of the integer dots, where they take the weight; the pairs per chunk from pairs_per_chunk.
 template <typename T>
 bool set_dot_steps(MulMatIdPlan& p, const MulMatIdArgs& a, int type) {
-  if (a.k <= 0 || a.k % 32 != 0 || a.row_bytes % 4 != 0 || !aligned(a.w, 4)) return false;  // no empty grid
+  if (a.k <= 0 || a.k % 32 != 0) return false;  // no empty grid
+  const bool words = a.row_bytes % 4 == 0 && aligned(a.w, 4);  // else the rows are staged (grouped_dot_kernel)
   return with_dot_format(type, [&](auto format) {
     using F = decltype(format);
     KernelLaunch& first = p.steps[0];
@@ -284,13 +299,13 @@ bool set_dot_steps(MulMatIdPlan& p, const MulMatIdArgs& a, int type) {
     p.workspace_bytes += records_offset(xq) + xq.m * (a.k / 32) * static_cast<int64_t>(sizeof(XRecord));
     const int mb = pairs_per_chunk(a);
     if (mb <= 1) {
-      set_grouped_dot<F, 1, T>(p, a);
+      set_grouped_dot<F, 1, T>(p, a, words);
     } else if (mb <= 2) {
-      set_grouped_dot<F, 2, T>(p, a);
+      set_grouped_dot<F, 2, T>(p, a, words);
     } else if (mb <= 4) {
-      set_grouped_dot<F, 4, T>(p, a);
+      set_grouped_dot<F, 4, T>(p, a, words);
     } else {
-      set_grouped_dot<F, 8, T>(p, a);
+      set_grouped_dot<F, 8, T>(p, a, words);
     }
   });
 }
