@@ -108,6 +108,8 @@ __global__ void __launch_bounds__(kDotWarps * 32) grouped_dot_kernel(MulMatIdArg
   const int64_t first = g.offsets[e], last = g.offsets[e + 1];
   const QuantizedMatmulArgs xq = x_quantize_view(a);
   QuantizedMatmulArgs view = xq;  // m set per chunk
+  // kStaged: the widest word dividing the experts' base address and row length (stage_rows' loads).
+  const int width = kStaged ? copy_width(reinterpret_cast<uintptr_t>(a.w), static_cast<uint64_t>(a.row_bytes)) : 0;
   constexpr int kG = lane_group<F, R>(), kUnroll = 4 / kG;  // as decode_direct_kernel: four x-blocks in flight
   const int groups = static_cast<int>(a.k / 32) / kG;
   for (int64_t c = first; c < last; c += MB) {
@@ -122,7 +124,6 @@ __global__ void __launch_bounds__(kDotWarps * 32) grouped_dot_kernel(MulMatIdArg
     WarpDot<F, MB, R, GatheredX<MB>> dot(view, n0, x, e);
     if constexpr (kStaged) {
       __shared__ uint4 stage_all[kDotWarps][R][Seg<F, R>::kWords];
-      const int width = copy_width(reinterpret_cast<uintptr_t>(a.w), static_cast<uint64_t>(a.row_bytes));
       add_staged_rows(dot, stage_all[threadIdx.x / 32], width, lane);
     } else {
 #pragma unroll kUnroll
@@ -252,8 +253,8 @@ void set_grouped_dot(MulMatIdPlan& p, const MulMatIdArgs& a, bool words) {
     const int64_t shared = one_launch_shared_bytes<MB>(a);
     const bool fits = pair_count(a) <= kOneLaunchPairs && shared <= kOneLaunchShared;
     if (fits && words && !tuning_switch("GGML_EXT_MMID_TWO_LAUNCHES")) {
-      const int64_t row_groups = ceil_div(a.n, kDotWarps * rows_per_warp<MB>());
-      const dim3 one_grid(ceil_div(row_groups, one_launch_groups(row_groups, busy_bound(a))), busy_bound(a));
+      const int64_t row_groups = grid.x;  // of kDotWarps * R rows, as grouped_dot_kernel's blocks take them
+      const dim3 one_grid(ceil_div(row_groups, one_launch_groups(row_groups, grid.y)), grid.y);
       p.steps[0] = KernelLaunch{reinterpret_cast<const void*>(&one_launch_dot_kernel<F, MB, T>), one_grid, block,
                                 static_cast<unsigned>(shared)};
       p.steps[1] = KernelLaunch{};
