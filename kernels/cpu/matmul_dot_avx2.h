@@ -251,9 +251,6 @@ struct HalfRowDot {
   using B = typename Q::B;
   using Codes = HalfCodes<Q, kOffset>;
   static constexpr bool kSums = kOffset || Codes::kZero != 0;  // whether the chunk sums take part
-  // Rows of x up to which IntChunkScales formats take their integer path (8 rows' accumulators and block
-  // accumulators would not fit AVX2's 16 vector registers).
-  static constexpr int kIntScaleRows = 4;
   // Accumulators live in run() (as members, GCC stores them back after every step).
   using Acc = vf32x8[MR];
   TileView tile;
@@ -354,7 +351,12 @@ struct HalfRowDot {
       }
 #pragma GCC unroll 8
       for (int r = 0; r < MR; ++r) acc[r] += acc_odd[r];
-    } else if constexpr (IntChunkScales<Q>::kHas && MR <= kIntScaleRows) {
+    } else if constexpr (IntChunkScales<Q>::kHas) {
+      // At 8 rows of x the block accumulators and the row accumulators (and Q6_K's sums) take more than AVX2's 16
+      // vector registers, so GCC keeps some on the stack, touched once per block; the float path this replaced
+      // at 5-8 rows multiplied each half's chunk scale by x's scale, one vmulps per row and half (64 a block).
+      // Prefill-sized products (256 rows of x, 2 threads, Zen 3, bench/cpu_kernel_driver.cpp alternated, 4
+      // rounds, medians of 5 products each): Q4_K 8192 x 2048 92.7 -> 82.0 ms, Q6_K 2048 x 8192 95.3 -> 88.9.
       IntChunkScales<Q> is;
       for (int64_t blk = begin; blk < end; ++blk) {
         const uint8_t* p = row + blk * sizeof(B);
