@@ -40,7 +40,8 @@ inline __attribute__((always_inline)) ggml_ext_scale16 staged_scale(const Staged
 }
 using StagedFormat = BlockFormat<StagedBlock, GGML_EXT_QK_K, staged_layout, staged_scale>;
 
-// The chunk scales as floats (portable dots, and AVX2's float path from 5 rows of x).
+// The chunk scales as floats (the portable dots, and the 256-bit dots of AVX-512 VNNI builds: dpbusd has no int16
+// step).
 struct StagedScales : ChunkScales<StagedFormat> {
   inline __attribute__((always_inline)) void load_block(const StagedBlock* b) {
     scale = int8_scales_times(load_vec<vi8x16>(b->scales), b->d);
@@ -52,7 +53,7 @@ struct ScalesOf<StagedFormat> {
   using type = StagedScales;
 };
 #if defined(__AVX2__) && !defined(__AVX512VNNI__)
-// The integer chunk scales in AVX2's int16 step (up to 4 rows of x).
+// The integer chunk scales in AVX2's int16 step (every tile height of x).
 template <>
 struct IntChunkScales<StagedFormat> : IntChunkScalesBase {
   inline __attribute__((always_inline)) void load_block(const StagedBlock* b) {
