@@ -8,7 +8,8 @@ the time per product is what a model's step pays per op (kernel plus host cost),
 repeated launches of one graph. Both therefore read the same chosen experts again and again: at few tokens they
 come from the last-level cache (8 of 128 Q4_K experts of 768 x 2048 are 7 MB), not from memory as in a real
 decode, where each token picks new ones. Weights are random blocks made by ops.quantize (ggml's are random too;
-no kernel branches on values).
+no kernel branches on values). On the CPU test-backend-ops runs half the machine's CPUs as threads (one on a
+2-core machine), and ours takes as many unless --threads says otherwise.
 
     python bench_mul_mat_id_vs_ggml.py --ggml-bin llama.cpp/build/bin/test-backend-ops --backend CUDA0
 
@@ -16,6 +17,7 @@ test-backend-ops is not a dependency: build llama.cpp with -DLLAMA_BUILD_TESTS=O
 GPU) and build the target test-backend-ops."""
 
 import argparse
+import os
 import re
 import statistics
 import subprocess
@@ -25,7 +27,7 @@ import mlx.core as mx
 import numpy as np
 
 from common import CACHE_LIMIT, device_name, emit, require_executable
-from mlx_ggml_ext import GGMLTensor, GGMLType, num_threads, ops
+from mlx_ggml_ext import GGMLTensor, GGMLType, num_threads, ops, set_num_threads
 
 # Our type names by the spelling of ggml's type names.
 GGML_SPELLING = {"Q4_0": "q4_0", "Q8_0": "q8_0", "Q4_K": "q4_K", "Q6_K": "q6_K", "IQ4_XS": "iq4_xs",
@@ -95,6 +97,8 @@ def main():
                    help="ids evaluated beforehand and checked by the op at each call (the runs before 2026-11-28 "
                         "evening); default: made in the graph, unchecked, as in a model")
     p.add_argument("--label", default="", help="what llama.cpp was built from, recorded as given")
+    p.add_argument("--threads", type=int, default=None,
+                   help="our CPU threads (default on the CPU: test-backend-ops' own, half the machine's CPUs)")
     # how long: rounds of (test-backend-ops, ours); our products per evaluated graph
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--graph", type=int, default=16,
@@ -107,6 +111,9 @@ def main():
     if len(case) != 4 or any(t not in GGML_SPELLING for t in types):
         p.error(f"--case takes 4 ints; --types from {sorted(GGML_SPELLING)}")
     mx.set_cache_limit(CACHE_LIMIT)
+    if mx.default_device() == mx.cpu:
+        # test-backend-ops gives its CPU backend half the machine's CPUs (at least one): the same for ours, unless told
+        set_num_threads(args.threads or max(1, (os.cpu_count() or 2) // 2))
     rng = np.random.default_rng(0)
     # On a GPU every length takes --graph products: an evaluation costs MLX some 400 us of its own on the H200, which
     # 2 products of 512 tokens shared as ~200 us each (480-506 us per product there, against 300-325 with 16).
