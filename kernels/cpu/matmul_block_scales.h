@@ -34,15 +34,18 @@ struct ChunkScales {
 template <class B>
 inline __attribute__((always_inline)) vu8x16 k4_scale_min_bytes(const B* b) {
   const vu8x16 q = load16(b->scales);  // 12 bytes of scales, then the block's next field
-  // lanes 0..7: scale j, lanes 8..15: min j (get_scale_min_k4)
-  // (constant shifts only: x86 has no per-byte variable shift)
+  // lanes 0..7: scale j, lanes 8..15: min j (get_scale_min_k4). Shifts by 16-bit lanes: x86 has no byte shift
+  // (GCC spells a byte shift left as repeated adds), and the masks drop what comes over from the next byte.
+  typedef uint16_t vu16x8 __attribute__((vector_size(16)));
   const vu8x16 low_idx = {0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11};
   const vu8x16 low_mask = {63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0};
   const vu8x16 nibble_mask = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15};
   const vu8x16 high_idx = {0, 0, 0, 0, 0, 1, 2, 3, 0, 0, 0, 0, 4, 5, 6, 7};
-  const vu8x16 high_keep = {0, 0, 0, 0, 3, 3, 3, 3, 0, 0, 0, 0, 3, 3, 3, 3};
+  const vu8x16 high_keep = {0, 0, 0, 0, 0x30, 0x30, 0x30, 0x30, 0, 0, 0, 0, 0x30, 0x30, 0x30, 0x30};
   const vu8x16 low = shuffle_bytes(q, low_idx);
-  return (low & low_mask) | ((low >> 4) & nibble_mask) | (((shuffle_bytes(q, high_idx) >> 6) & high_keep) << 4);
+  const vu8x16 high_nibbles = (vu8x16)((vu16x8)low >> 4);                  // bits 4..7 to 0..3
+  const vu8x16 top_bits = (vu8x16)((vu16x8)shuffle_bytes(q, high_idx) >> 2);  // bits 6..7 to 4..5
+  return (low & low_mask) | (high_nibbles & nibble_mask) | (top_bits & high_keep);
 }
 
 template <class Q>

@@ -199,17 +199,28 @@ struct IntChunkScalesBase {
 };
 #if !defined(__AVX512VNNI__)
 template <class B>
-struct K4IntScales : IntChunkScalesBase {
+struct K4IntScales {
+  static constexpr bool kHas = true;
   static constexpr bool kSubBlockSums = true;  // sums per 32-element sub-block (sub_scale, sub_min)
   vf32x8 sub_scale, sub_min;                    // the 8 scales and mins as floats (without d, dmin)
-  float dmin;
+  float d, dmin;
+  // Sub-block j's scale in both int16 halves of word j: half j's multiplier is one broadcast load of it
+  // (a half is one sub-block), where a byte shuffle per half would compete with the codes' shuffles.
+  alignas(32) int32_t scale_pairs[8];
 
   inline __attribute__((always_inline)) void load_block(const B* b) {
-    const vu8x16 sub = k4_scale_min_bytes(b);  // chunk c has sub-block c / 2's scale
-    set((vi8x16)__builtin_shufflevector(sub, sub, 0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7),
-        GGML_EXT_HALF_TO_FLOAT(b->d));
+    const vu8x16 sub = k4_scale_min_bytes(b);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(scale_pairs),
+                       _mm256_cvtepu8_epi16((__m128i)__builtin_shufflevector(sub, sub, 0, 0, 1, 1, 2, 2, 3, 3, 4, 4,
+                                                                              5, 5, 6, 6, 7, 7)));
+    asm("" : "+m"(scale_pairs));  // kept in memory: GCC would otherwise extract each word with two shuffles
     k4_scale_min_floats(sub, sub_scale, sub_min);
+    d = GGML_EXT_HALF_TO_FLOAT(b->d);
     dmin = GGML_EXT_HALF_TO_FLOAT(b->dmin);
+  }
+  template <int H>
+  inline __attribute__((always_inline)) __m256i half() const {
+    return _mm256_set1_epi32(scale_pairs[H]);
   }
 };
 template <>
