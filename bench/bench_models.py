@@ -35,7 +35,7 @@ from mlx.utils import tree_unflatten
 from mlx_lm.models.cache import make_prompt_cache
 
 import mlx_ggml_ext
-from mlx_ggml_ext import models
+from mlx_ggml_ext import _ext, gguf, models
 from mlx_ggml_ext.nn import GGMLLinear, GGMLSwitchLinear
 
 
@@ -165,6 +165,28 @@ def ours(model, prompts, decode: int, seed: int, prefill_reps: int = 1) -> dict:
     return result
 
 
+def decode_bytes(path: str) -> int:
+    """The weight bytes one decode token reads: every tensor, but the embedding only as the output head (one row
+    of it otherwise, when the file has its own output.weight), and of each expert tensor the used experts' part."""
+    g = gguf.load(path)
+    arch = g.metadata.get("general.architecture", "")
+    used, experts = g.metadata.get(f"{arch}.expert_used_count"), g.metadata.get(f"{arch}.expert_count")
+    total = 0
+    for name, t in g.tensors.items():
+        if name.startswith("token_embd.") and "output.weight" in g.tensors:
+            continue
+        total += t.nbytes * used // experts if "_exps." in name and used and experts else t.nbytes
+    return total
+
+
+def read_roofline(nbytes: int, decode: int) -> dict:
+    """Decode tok/s if a token took only a threaded streaming read of its weight bytes (the CPU's bound for a
+    memory-bound decode), on the kernels' thread pool; keyed as the decode figures so the summary's ratios hold
+    ours / roofline."""
+    tok_s = 1.0 / _ext.measure_stream("read", nbytes, 3)
+    return {f"tg{decode}": tok_s, f"tg{decode}_pipelined": tok_s}
+
+
 def emit(line: dict) -> None:
     print(json.dumps(line), flush=True)
 
@@ -225,12 +247,16 @@ def main():
                 module.check_ids = True
         contenders["ours_checked_ids"] = lambda: ours(checked, prompts, args.decode, 1, reps)
         mlx_models.append(checked)
+    if mx.default_device() == mx.cpu:
+        weight_bytes = decode_bytes(args.model)
+        contenders["read_roofline"] = lambda: read_roofline(weight_bytes, args.decode)
     if args.llama_bench:
         contenders["llama.cpp"] = lambda: llama_bench(args.llama_bench, args.model, prompts, args.decode,
                                                       args.threads, args.llama_args, reps)
     setup = {"model": os.path.basename(args.model), "device": str(mx.default_device()),
              "cpu_isa": mlx_ggml_ext.cpu_isa(), "threads": args.threads, "prefill_reps": reps,
              "llama_label": args.llama_label,
+             "decode_weight_bytes": decode_bytes(args.model) if mx.default_device() == mx.cpu else None,
              "mlx": mx.__version__, "version": mlx_ggml_ext.__version__}
     emit({"setup": setup})
     # Warm-up of every MLX model: first-call allocations, kernel loads and page faults of the mapped weights
@@ -251,6 +277,9 @@ def main():
     ratios = {f"ours_over_{name}": {k: round(summary["ours"][k] / summary[name].get(k, summary[name].get(
         k.replace("_pipelined", ""))), 3) for k in summary["ours"] if k.replace("_pipelined", "") in summary[name]}
               for name in summary if name != "ours"}
+    if "read_roofline" in summary and "llama.cpp" in summary:
+        tg = f"tg{args.decode}"
+        ratios["llama.cpp_over_read_roofline"] = {tg: round(summary["llama.cpp"][tg] / summary["read_roofline"][tg], 3)}
     emit({"summary": summary, **ratios})
 
 
