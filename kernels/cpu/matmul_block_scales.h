@@ -29,22 +29,35 @@ struct ChunkScales {
   }
 };
 
+// Bytes shifted as 16-bit lanes: x86 has no byte shift (GCC spells a byte shift right as a 16-bit shift and a
+// mask, and a byte shift left as repeated adds, one per bit). Right by n, a byte's top n bits take the next byte's
+// low bits, and left by n, its low n bits the previous byte's top bits: the callers mask those off, or shift left
+// only bytes below 1 << (8 - n). Little-endian lanes (x86, arm64): byte 2i is the low half of lane i.
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "byte shifts by 16-bit lanes");
+typedef uint16_t vu16x8 __attribute__((vector_size(16)));
+template <int n>
+inline __attribute__((always_inline)) vu8x16 lane_shift_right(vu8x16 v) {
+  return (vu8x16)((vu16x8)v >> n);
+}
+template <int n>
+inline __attribute__((always_inline)) vu8x16 lane_shift_left(vu8x16 v) {
+  return (vu8x16)((vu16x8)v << n);
+}
+
 // Q4_K and Q5_K: the 8 six-bit scales and mins unpacked with byte shuffles, converted together.
 // The block's 8 scales (lanes 0..7) and 8 mins (lanes 8..15) as bytes (get_scale_min_k4).
 template <class B>
 inline __attribute__((always_inline)) vu8x16 k4_scale_min_bytes(const B* b) {
   const vu8x16 q = load16(b->scales);  // 12 bytes of scales, then the block's next field
-  // lanes 0..7: scale j, lanes 8..15: min j (get_scale_min_k4). Shifts by 16-bit lanes: x86 has no byte shift
-  // (GCC spells a byte shift left as repeated adds), and the masks drop what comes over from the next byte.
-  typedef uint16_t vu16x8 __attribute__((vector_size(16)));
+  // lanes 0..7: scale j, lanes 8..15: min j (get_scale_min_k4); the masks drop what the shifts bring over
   const vu8x16 low_idx = {0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11};
   const vu8x16 low_mask = {63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0};
   const vu8x16 nibble_mask = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15};
   const vu8x16 high_idx = {0, 0, 0, 0, 0, 1, 2, 3, 0, 0, 0, 0, 4, 5, 6, 7};
   const vu8x16 high_keep = {0, 0, 0, 0, 0x30, 0x30, 0x30, 0x30, 0, 0, 0, 0, 0x30, 0x30, 0x30, 0x30};
   const vu8x16 low = shuffle_bytes(q, low_idx);
-  const vu8x16 high_nibbles = (vu8x16)((vu16x8)low >> 4);                  // bits 4..7 to 0..3
-  const vu8x16 top_bits = (vu8x16)((vu16x8)shuffle_bytes(q, high_idx) >> 2);  // bits 6..7 to 4..5
+  const vu8x16 high_nibbles = lane_shift_right<4>(low);                   // bits 4..7 to 0..3
+  const vu8x16 top_bits = lane_shift_right<2>(shuffle_bytes(q, high_idx));  // bits 6..7 to 4..5
   return (low & low_mask) | (high_nibbles & nibble_mask) | (top_bits & high_keep);
 }
 
@@ -87,20 +100,23 @@ struct Q2KScales : ChunkScales<GGML_EXT_BLOCK_FORMAT(q2_k, 256)> {
 // Q3_K: 16 six-bit scales (minus 32): low nibbles from bytes 0..7, two high bits from bytes 8..11. The 16 scales
 // as stored (plus 32).
 inline __attribute__((always_inline)) vu8x16 q3k_scale_bytes(const block_q3_k* b) {
-  // The 12 scale bytes only: a 16-byte load would also take d and 2 bytes past the block, which for a
-  // tensor's last block at the end of a mapped file is an unmapped page. Bytes 12-15 are never selected.
-  vu8x16 v{};
-  std::memcpy(&v, b->scales, sizeof(b->scales));
-  const vu8x16 low_idx = {0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7};
+  // The 12 scale bytes as bytes 4..15 of one load that starts in qs: a load from the scales would take d and 2
+  // bytes past the block (for a tensor's last block at the end of a mapped file, an unmapped page), and copying
+  // the 12 bytes into a zeroed vector went through the stack, where the vector's load could not be forwarded
+  // from the two stores: a stall every block, which made Q3_K's one-row dot 2.2-2.7x slower (2026-11-29).
+  static_assert(offsetof(block_q3_k, scales) >= 4, "q3_k: 4 bytes before the scales inside the block");
+  const vu8x16 v = load16(b->scales - 4);
+  const vu8x16 low_idx = {4, 5, 6, 7, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11};
   const vu8x16 first_half = {15, 15, 15, 15, 15, 15, 15, 15, 0, 0, 0, 0, 0, 0, 0, 0};
-  const vu8x16 high_idx = {8, 9, 10, 11, 8, 9, 10, 11, 8, 9, 10, 11, 8, 9, 10, 11};
+  const vu8x16 high_idx = {12, 13, 14, 15, 12, 13, 14, 15, 12, 13, 14, 15, 12, 13, 14, 15};
   const vu8x16 low = shuffle_bytes(v, low_idx), high = shuffle_bytes(v, high_idx);
   const vu8x16 q0 = {3, 3, 3, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};  // high bits at shift 2 * (j / 4)
   const vu8x16 q1 = shuffle_bytes(q0, vu8x16{4, 4, 4, 4, 0, 1, 2, 3, 4, 4, 4, 4, 4, 4, 4, 4});
   const vu8x16 q2 = shuffle_bytes(q0, vu8x16{4, 4, 4, 4, 4, 4, 4, 4, 0, 1, 2, 3, 4, 4, 4, 4});
   const vu8x16 q3 = shuffle_bytes(q0, vu8x16{4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 0, 1, 2, 3});
-  const vu8x16 hbits = (high & q0) | ((high >> 2) & q1) | ((high >> 4) & q2) | ((high >> 6) & q3);
-  return (low & first_half) | ((low >> 4) & ~first_half & 15) | (hbits << 4);
+  const vu8x16 hbits = (high & q0) | (lane_shift_right<2>(high) & q1) | (lane_shift_right<4>(high) & q2) |
+                       (lane_shift_right<6>(high) & q3);  // below 4: shifted left by 4 within their bytes
+  return (low & first_half) | (lane_shift_right<4>(low) & (~first_half & 15)) | lane_shift_left<4>(hbits);
 }
 struct Q3KScales : ChunkScales<GGML_EXT_BLOCK_FORMAT(q3_k, 256)> {
   inline __attribute__((always_inline)) void load_block(const block_q3_k* b) {
@@ -130,8 +146,9 @@ inline __attribute__((always_inline)) vu8x16 iq4xs_scale_bytes(const block_iq4_x
   const vu8x16 h2 = shuffle_bytes(h0, vu8x16{2, 2, 2, 2, 0, 1, 2, 2, 2, 2, 2, 2, 8, 9, 2, 2});
   const vu8x16 h3 = shuffle_bytes(h0, vu8x16{2, 2, 2, 2, 2, 2, 0, 1, 2, 2, 2, 2, 2, 2, 8, 9});
   const vu8x16 low = shuffle_bytes(v, low_idx), high = shuffle_bytes(v, high_idx);
-  const vu8x16 hbits = (high & h0) | ((high >> 2) & h1) | ((high >> 4) & h2) | ((high >> 6) & h3);
-  return (low & even_sub) | ((low >> 4) & ~even_sub & 15) | (hbits << 4);
+  const vu8x16 hbits = (high & h0) | (lane_shift_right<2>(high) & h1) | (lane_shift_right<4>(high) & h2) |
+                       (lane_shift_right<6>(high) & h3);  // below 4: shifted left by 4 within their bytes
+  return (low & even_sub) | (lane_shift_right<4>(low) & (~even_sub & 15)) | lane_shift_left<4>(hbits);
 }
 struct IQ4XSScales : ChunkScales<GGML_EXT_BLOCK_FORMAT(iq4_xs, 256)> {
   inline __attribute__((always_inline)) void load_block(const block_iq4_xs* b) {
