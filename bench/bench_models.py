@@ -166,8 +166,9 @@ def ours(model, prompts, decode: int, seed: int, prefill_reps: int = 1) -> dict:
 
 
 def decode_bytes(path: str) -> int:
-    """The weight bytes one decode token reads: every tensor, but the embedding only as the output head (one row
-    of it otherwise, when the file has its own output.weight), and of each expert tensor the used experts' part."""
+    """The weight bytes one decode token reads: every tensor, the embedding only when it is also the output head
+    (with a separate output.weight a token reads one row of it: left out), and of each expert tensor the used
+    experts' share."""
     g = gguf.load(path)
     arch = g.metadata.get("general.architecture", "")
     used, experts = g.metadata.get(f"{arch}.expert_used_count"), g.metadata.get(f"{arch}.expert_count")
@@ -247,8 +248,8 @@ def main():
                 module.check_ids = True
         contenders["ours_checked_ids"] = lambda: ours(checked, prompts, args.decode, 1, reps)
         mlx_models.append(checked)
-    if mx.default_device() == mx.cpu:
-        weight_bytes = decode_bytes(args.model)
+    weight_bytes = decode_bytes(args.model) if mx.default_device() == mx.cpu else None
+    if weight_bytes is not None:
         contenders["read_roofline"] = lambda: read_roofline(weight_bytes, args.decode)
     if args.llama_bench:
         contenders["llama.cpp"] = lambda: llama_bench(args.llama_bench, args.model, prompts, args.decode,
@@ -256,7 +257,7 @@ def main():
     setup = {"model": os.path.basename(args.model), "device": str(mx.default_device()),
              "cpu_isa": mlx_ggml_ext.cpu_isa(), "threads": args.threads, "prefill_reps": reps,
              "llama_label": args.llama_label,
-             "decode_weight_bytes": decode_bytes(args.model) if mx.default_device() == mx.cpu else None,
+             "decode_weight_bytes": weight_bytes,
              "mlx": mx.__version__, "version": mlx_ggml_ext.__version__}
     emit({"setup": setup})
     # Warm-up of every MLX model: first-call allocations, kernel loads and page faults of the mapped weights
