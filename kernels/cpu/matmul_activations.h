@@ -98,7 +98,7 @@ inline float fold_sum(const float* v) {
   static_assert(n >= 4 && (n & (n - 1)) == 0, "fold_sum: a power of 2 of at least 4");
   typedef float vf4 __attribute__((vector_size(16)));
   vf4 t[n / 4];
-  for (int i = 0; i < n / 4; ++i) std::memcpy(&t[i], v + 4 * i, sizeof(vf4));
+  for (int i = 0; i < n / 4; ++i) t[i] = load_vec<vf4>(v + 4 * i);
 #pragma GCC unroll 8
   for (int h = n / 8; h >= 1; h /= 2) {  // element j += element j + 4h
     for (int j = 0; j < h; ++j) t[j] += t[j + h];
