@@ -45,8 +45,8 @@ def random_ids(rng, T, U, E):
                                GGMLType.F32], ids=lambda t: t.name)
 @pytest.mark.parametrize("x_slots", ["per_slot", "broadcast"])
 def test_matches_float64_per_token_and_expert(t, x_slots, cpu_isa):
-    """T = 1 (decode: every expert one row, run in slices of its weight rows, N = 40 ending in a partial slice)
-    and T = 9 (experts with several rows)."""
+    """T = 1 (decode: every expert one row, run in slices of its weight rows) and T = 9 (experts with several
+    rows)."""
     rng = np.random.default_rng(int(t) + (x_slots == "broadcast"))
     E, N, K, U = 6, 40, 256, 3
     w, dense = experts(rng, t, E, N, K)
@@ -56,6 +56,28 @@ def test_matches_float64_per_token_and_expert(t, x_slots, cpu_isa):
         y = ops.mul_mat_id(w, mx.array(x), mx.array(ids))
         assert y.shape == (T, U, N) and y.dtype == mx.float32
         assert nmse(to_numpy(y), expected(dense, x, ids)) <= (FLOAT_NMSE[mx.float32] if t.is_float else QUANT_NMSE)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 5])
+@pytest.mark.parametrize("used", [1, 2, 8])
+def test_one_token_slices_cover_every_row(threads, used):
+    """At one token the CPU cuts each expert's rows into as many slices as keep the threads busy (more slices for
+    fewer experts); N = 37 leaves a partial last slice for most thread and expert counts. Every row must come out
+    once, whatever the cut."""
+    import mlx_ggml_ext
+    rng = np.random.default_rng(100 * threads + used)
+    E, N, K = 8, 37, 128
+    w, dense = experts(rng, GGMLType.Q4_0, E, N, K)
+    ids = random_ids(rng, 1, used, E)
+    x = rng.standard_normal((1, 1, K)).astype(np.float32)
+    before = mlx_ggml_ext.num_threads()
+    mlx_ggml_ext.set_num_threads(threads)
+    try:
+        y = ops.mul_mat_id(w, mx.array(x), mx.array(ids))
+        mx.eval(y)
+    finally:
+        mlx_ggml_ext.set_num_threads(before)
+    assert nmse(to_numpy(y), expected(dense, x, ids)) <= QUANT_NMSE
 
 
 @pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16], ids=str)
