@@ -232,6 +232,9 @@ NB_MODULE(_ext, m) {
       .def("array", [non_negative](const MappedFile& f, int64_t offset, const std::vector<int64_t>& shape) {
              return f.array(non_negative(offset, "offset"), shape);
            }, "offset"_a, "shape"_a, "uint8 array of `shape` over the bytes from offset on (row-major).")
+      .def("prefault", &MappedFile::prefault, nb::call_guard<nb::gil_scoped_release>(),
+           "Maps every page of the file into the process now (reading it where the system has not cached it), "
+           "so that no later read of it page-faults.")
       .def("view", [](const MappedFile& f) {
              auto owner = new std::shared_ptr<const void>(f.keep_alive());
              nb::capsule keep(owner, [](void* p) noexcept { delete static_cast<std::shared_ptr<const void>*>(p); });

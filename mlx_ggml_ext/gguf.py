@@ -193,7 +193,7 @@ class GGUFFile:
     """A loaded GGUF file (see the module docstring). Returned by `load`."""
 
     def __init__(self, path, version, alignment, data_offset, file_size, typed_metadata, tensor_info,
-                 tensors, zero_copy):
+                 tensors, zero_copy, mapped=None):
         self.path: str = path
         self.version: int = version
         self.alignment: int = alignment
@@ -204,6 +204,15 @@ class GGUFFile:
         self.tensor_info: dict = tensor_info
         self.tensors: dict = tensors
         self.zero_copy: bool = zero_copy
+        self._mapped = mapped  # the _ext.MappedFile the tensors point into (None for a file built otherwise)
+
+    def prefault(self) -> None:
+        """Maps every page of the file into this process now, reading it from disk where the system has not
+        cached it, so that no later use of a tensor page-faults (llama.cpp maps model files with MAP_POPULATE for
+        the same reason: a mixture of experts' decode tokens otherwise fault in each expert the first time they
+        route to it). `models.load` calls it. Nothing to do when the tensors are copies (`zero_copy` False)."""
+        if self._mapped is not None and self.zero_copy:
+            self._mapped.prefault()
 
     def __repr__(self) -> str:
         return (f"GGUFFile('{self.path}', v{self.version}, {len(self.metadata)} metadata keys, "
@@ -489,7 +498,7 @@ def load(path: "str | os.PathLike") -> GGUFFile:
         tensors[t.name] = GGMLTensor(data, t.ggml_type, t.shape)
         info[t.name] = TensorInfo(t.name, t.ggml_type, t.shape, start, t.relative_offset, t.rows * t.row_bytes)
     return GGUFFile(path, version, alignment, data_offset, mapped.size, metadata, info, tensors,
-                    mapped.zero_copy)
+                    mapped.zero_copy, mapped)
 
 
 # The writer lives in gguf_writer.py (imported last: it uses the names above).

@@ -62,3 +62,34 @@ def test_embedding_and_dequantize_copy_only_what_they_return(mapped):
     assert _peak_bytes_of(lambda: t.dequantize()) < out_bytes + t.nbytes // 8
     # and the values are the tensor's (rows through the Q8_0 round trip)
     np.testing.assert_allclose(np.array(table(ids)), w[np.array(ids)], atol=0.05)
+
+
+def test_prefault_maps_every_page_so_that_reads_do_not_fault(tmp_path):
+    """MappedFile.prefault (GGUFFile.prefault, models.load's default) maps every page at once: reading one byte
+    of each page afterwards takes (almost) no page fault, where a fresh mapping of the same file faults."""
+    resource = pytest.importorskip("resource")  # POSIX: ru_minflt
+    import os
+    from mlx_ggml_ext import _ext
+    path = tmp_path / "pages.bin"
+    path.write_bytes(np.random.default_rng(1).integers(0, 256, 8 << 20, dtype=np.uint8).tobytes())
+    page = os.sysconf("SC_PAGE_SIZE")
+
+    def faults_reading(m):
+        view = m.view()
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        int(view[::page].sum())
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+    fresh = faults_reading(_ext.MappedFile(str(path)))
+    m = _ext.MappedFile(str(path))
+    m.prefault()
+    assert fresh >= 16, fresh  # 2048 pages: one fault per page, or per 16 with Linux's 64 KB fault-around
+    assert faults_reading(m) <= 4
+
+
+def test_gguf_prefault_keeps_the_tensors(mapped):
+    f, w = mapped
+    f.prefault()  # a no-op where the tensors are copies (zero_copy False)
+    out = ops.dequantize(f.tensors["big"].data, "q8_0", (ROWS, K))
+    ref = ops.dequantize(ops.quantize(mx.array(w), "q8_0", stream=mx.cpu), "q8_0", (ROWS, K))
+    assert mx.array_equal(out, ref).item()
