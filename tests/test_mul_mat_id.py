@@ -6,7 +6,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlx_ggml_ext import GGMLTensor, GGMLType, ops, reference
+from mlx_ggml_ext import GGMLTensor, GGMLType, num_threads, ops, reference, set_num_threads
 from harness import nmse, to_numpy
 
 gguf = pytest.importorskip("gguf")
@@ -64,19 +64,18 @@ def test_one_token_slices_cover_every_row(threads, used):
     """At one token the CPU cuts each expert's rows into as many slices as keep the threads busy (more slices for
     fewer experts); N = 37 leaves a partial last slice for most thread and expert counts. Every row must come out
     once, whatever the cut."""
-    import mlx_ggml_ext
     rng = np.random.default_rng(100 * threads + used)
     E, N, K = 8, 37, 128
     w, dense = experts(rng, GGMLType.Q4_0, E, N, K)
     ids = random_ids(rng, 1, used, E)
     x = rng.standard_normal((1, 1, K)).astype(np.float32)
-    before = mlx_ggml_ext.num_threads()
-    mlx_ggml_ext.set_num_threads(threads)
+    before = num_threads()
+    set_num_threads(threads)
     try:
         y = ops.mul_mat_id(w, mx.array(x), mx.array(ids))
         mx.eval(y)
     finally:
-        mlx_ggml_ext.set_num_threads(before)
+        set_num_threads(before)
     assert nmse(to_numpy(y), expected(dense, x, ids)) <= QUANT_NMSE
 
 

@@ -48,12 +48,13 @@ void mul_mat_id(const MulMatIdArgs& a) {
   // slices go over the pool as one job (one wake-up of the threads for all of them instead of one per expert);
   // nested inside it, each product runs on its thread alone. (The transposed product sums over N: not sliced.)
   std::vector<std::pair<int64_t, int64_t>> slices;  // (expert, first weight row)
-  int64_t single = 0;  // experts with one pair
-  for (int64_t e = 0; e < a.E; ++e) single += first[e + 1] - first[e] == 1;
+  int64_t singles = 0;  // experts with one pair
+  for (int64_t e = 0; e < a.E; ++e) singles += first[e + 1] - first[e] == 1;
+  singles = std::max<int64_t>(1, singles);
   // Each slice quantizes its row of x again and starts a new stream of weight rows: as few slices as keep every
   // thread busy (at least two per thread in all), not two per thread for every expert (8 experts at one token
   // on 2 threads: 8 slices instead of 32, the MoE decode in docs/moe.md ~1.1x faster).
-  const int64_t per_expert = (2 * num_threads() + std::max<int64_t>(1, single) - 1) / std::max<int64_t>(1, single);
+  const int64_t per_expert = (2 * num_threads() + singles - 1) / singles;
   const int64_t slice_rows = std::max<int64_t>(16, (a.N + per_expert - 1) / per_expert);
   for (int64_t e = 0; e < a.E && !a.transpose; ++e) {
     if (first[e + 1] - first[e] != 1) continue;
