@@ -24,9 +24,9 @@ mx::array rope_node(const mx::array& x, const mx::array& positions,
   return mx::array(x.shape(), x.dtype(), std::make_shared<RoPE>(stream, p, inverse), inputs);
 }
 
-void check_finite(float value, const char* name, bool positive) {
+void check_finite(float value, const char* op, const char* name, bool positive) {
   if (!std::isfinite(value) || (positive && !(value > 0.0f))) {
-    throw std::invalid_argument(cat("[", kOp, "] ", name, positive ? " must be finite and > 0" : " must be finite",
+    throw std::invalid_argument(cat("[", op, "] ", name, positive ? " must be finite and > 0" : " must be finite",
                                     ", got ", value, "."));
   }
 }
@@ -39,33 +39,8 @@ void check_x_and_params(const mx::array& x, const RopeParams& p,
                                     p.heads_first ? " (heads_first)" : " (ggml's layout)", ", got shape ",
                                     shape_str(x.shape()), "."));
   }
-  const int dim = x.shape(-1);
-  if (dim % 2 != 0) {
-    throw std::invalid_argument(cat("[", kOp, "] the head dimension D = x.shape[-1] must be even, got D = ",
-                                    dim, " in x of shape ", shape_str(x.shape()), "."));
-  }
-  if (p.n_dims <= 0 || p.n_dims % 2 != 0 || p.n_dims > dim) {
-    throw std::invalid_argument(cat("[", kOp, "] n_dims must be even and in [2, D = ", dim,
-                                    "] for x of shape ", shape_str(x.shape()), ", got ", p.n_dims, "."));
-  }
-  check_finite(p.freq_base, "freq_base", true);
-  check_finite(p.freq_scale, "freq_scale", true);
-  check_finite(p.ext_factor, "ext_factor", false);
-  check_finite(p.attn_factor, "attn_factor", false);
-  check_finite(p.beta_fast, "beta_fast", false);
-  check_finite(p.beta_slow, "beta_slow", false);
-  if (p.n_ctx_orig < 0) {
-    throw std::invalid_argument(cat("[", kOp, "] n_ctx_orig must be >= 0, got ", p.n_ctx_orig, "."));
-  }
-  if (freq_factors) {
-    if (freq_factors->dtype() != mx::float32) {
-      throw type_error(cat("[", kOp, "] freq_factors must be float32, got ", dtype_str(freq_factors->dtype()), "."));
-    }
-    if (freq_factors->ndim() != 1 || freq_factors->shape(0) != p.n_dims / 2) {
-      throw std::invalid_argument(cat("[", kOp, "] freq_factors must have shape (n_dims/2,) = (", p.n_dims / 2,
-                                      ",), got ", shape_str(freq_factors->shape()), "."));
-    }
-  }
+  check_rope_params(p, x.shape(-1), "D = x.shape[-1]", cat("x of shape ", shape_str(x.shape())), freq_factors,
+                    kOp);
 }
 
 // The primitive's inputs fit one another: positions (Gp..., T) and freq_factors
@@ -163,6 +138,36 @@ mx::array angle_wrt_factors(const mx::array& positions, const mx::array& freq_fa
 }
 
 }  // namespace
+
+void check_rope_params(const RopeParams& p, int64_t dim, const char* dim_name, const std::string& where,
+                       const std::optional<mx::array>& freq_factors, const char* op) {
+  if (dim % 2 != 0) {
+    throw std::invalid_argument(cat("[", op, "] the head dimension ", dim_name, " must be even, got D = ", dim,
+                                    " in ", where, "."));
+  }
+  if (p.n_dims <= 0 || p.n_dims % 2 != 0 || p.n_dims > dim) {
+    throw std::invalid_argument(cat("[", op, "] n_dims must be even and in [2, D = ", dim, "] for ", where,
+                                    ", got ", p.n_dims, "."));
+  }
+  check_finite(p.freq_base, op, "freq_base", true);
+  check_finite(p.freq_scale, op, "freq_scale", true);
+  check_finite(p.ext_factor, op, "ext_factor", false);
+  check_finite(p.attn_factor, op, "attn_factor", false);
+  check_finite(p.beta_fast, op, "beta_fast", false);
+  check_finite(p.beta_slow, op, "beta_slow", false);
+  if (p.n_ctx_orig < 0) {
+    throw std::invalid_argument(cat("[", op, "] n_ctx_orig must be >= 0, got ", p.n_ctx_orig, "."));
+  }
+  if (freq_factors) {
+    if (freq_factors->dtype() != mx::float32) {
+      throw type_error(cat("[", op, "] freq_factors must be float32, got ", dtype_str(freq_factors->dtype()), "."));
+    }
+    if (freq_factors->ndim() != 1 || freq_factors->shape(0) != p.n_dims / 2) {
+      throw std::invalid_argument(cat("[", op, "] freq_factors must have shape (n_dims/2,) = (", p.n_dims / 2,
+                                      ",), got ", shape_str(freq_factors->shape()), "."));
+    }
+  }
+}
 
 RopeMode rope_mode(int ggml_mode) {
   switch (ggml_mode) {

@@ -40,6 +40,11 @@ mx::array rope(const mx::array& x, const mx::array& positions, const RopeParams&
 mx::array rope(const mx::array& x, int offset, const RopeParams& params,
                const std::optional<mx::array>& freq_factors, mx::StreamOrDevice s = {});
 
+// Throws a ValueError/TypeError naming `op` unless the head size `dim` (`dim_name`, of the input `where`), the
+// parameters and freq_factors fit one another.
+void check_rope_params(const RopeParams& p, int64_t dim, const char* dim_name, const std::string& where,
+                       const std::optional<mx::array>& freq_factors, const char* op);
+
 // The SPEC's per-op constants (theta_scale, YaRN magnitude) and the YaRN mix r of
 // every pair (empty when ext_factor == 0), computed on the host for every backend.
 ggml_ext::cpu::RopeAngles rope_angles(const RopeParams& p, bool inverse);

@@ -96,6 +96,16 @@ def rope(x: mx.array, positions: Union[mx.array, int], n_dims: int, mode: Union[
     positions keep the traced length, and a different T then raises).
     """
     _require_array("x", x)
+    if not isinstance(heads_first, bool):
+        raise TypeError(f"heads_first must be a bool, got {type(heads_first).__name__}")
+    positions, rest = _rope_arguments(positions, n_dims, mode, freq_base, freq_scale, ext_factor, attn_factor,
+                                      beta_fast, beta_slow, n_ctx_orig, freq_factors)
+    return _ext.rope(x, positions, *rest, heads_first=heads_first, stream=stream)
+
+
+def _rope_arguments(positions, n_dims, mode, freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow,
+                    n_ctx_orig, freq_factors) -> tuple:
+    """The rope ops' arguments checked: (positions, the extension's arguments after them)."""
     if not isinstance(positions, mx.array):
         if type(positions) is not int and (isinstance(positions, bool) or not isinstance(positions, Integral)):
             raise TypeError(f"positions must be an int32 mlx.core.array or an int offset, "
@@ -111,11 +121,41 @@ def rope(x: mx.array, positions: Union[mx.array, int], n_dims: int, mode: Union[
         _require_float(name, value)
     _require_int("n_ctx_orig", n_ctx_orig)
     _require_array("freq_factors", freq_factors, optional=True)
-    if not isinstance(heads_first, bool):
-        raise TypeError(f"heads_first must be a bool, got {type(heads_first).__name__}")
-    return _ext.rope(x, positions, int(n_dims), mode if isinstance(mode, str) else int(mode), float(freq_base),
-                     float(freq_scale), float(ext_factor), float(attn_factor), float(beta_fast), float(beta_slow),
-                     int(n_ctx_orig), freq_factors, heads_first=heads_first, stream=stream)
+    return positions, (int(n_dims), mode if isinstance(mode, str) else int(mode), float(freq_base),
+                       float(freq_scale), float(ext_factor), float(attn_factor), float(beta_fast), float(beta_slow),
+                       int(n_ctx_orig), freq_factors)
+
+
+def rope_qkv(qkv: mx.array, positions: Union[mx.array, int], heads: int, kv_heads: int, n_dims: int,
+             mode: Union[str, int] = "normal", freq_base: float = 10000.0, freq_scale: float = 1.0,
+             ext_factor: float = 0.0, attn_factor: float = 1.0, beta_fast: float = 32.0, beta_slow: float = 1.0,
+             n_ctx_orig: int = 0, freq_factors: Optional[mx.array] = None, *, with_v: bool = True,
+             stream: Stream = None) -> Tuple[mx.array, ...]:
+    """A fused q/k/v projection's output split into attention heads, q and k rotated by ``rope``: one op.
+
+    ``qkv``: float32/float16/bfloat16 ``(..., T, (heads + 2*kv_heads) * D)``, each token's q heads, then its k
+    heads, then its v heads (what a stacked q/k/v projection gives). Returns ``(q, k, v)`` in MLX's attention
+    layout: ``q (..., heads, T, D)``, ``k`` and ``v`` ``(..., kv_heads, T, D)``; q and k are ``rope`` of their
+    heads with the same arguments (``positions`` int32 ``(T,)`` or an int offset, ``n_dims`` <= D, ``mode`` and
+    the rest), v is copied. ``with_v=False``: qkv holds q and k only, ``(..., T, (heads + kv_heads) * D)``, and
+    ``(q, k)`` is returned (v a projection of its own). The numbers of reshape, split, ``rope`` and swapaxes, in
+    one kernel (CPU and CUDA; not on Metal yet: raises there), and one node in the graph instead of eleven. The
+    outputs are views of one buffer. Differentiable in qkv and freq_factors; supports vmap and mx.compile.
+    """
+    _require_array("qkv", qkv)
+    _require_int("heads", heads)
+    _require_int("kv_heads", kv_heads)
+    if not isinstance(with_v, bool):
+        raise TypeError(f"with_v must be a bool, got {type(with_v).__name__}")
+    positions, rest = _rope_arguments(positions, n_dims, mode, freq_base, freq_scale, ext_factor, attn_factor,
+                                      beta_fast, beta_slow, n_ctx_orig, freq_factors)
+    if not isinstance(positions, mx.array):
+        if qkv.ndim < 2:
+            raise ValueError(f"qkv must be (..., T, (heads + 2*kv_heads) * D), got shape {tuple(qkv.shape)}")
+        if positions + qkv.shape[-2] > 2**31:
+            raise ValueError(f"the positions offset {positions} + T ({qkv.shape[-2]}) overflows int32")
+        positions = mx.arange(positions, positions + qkv.shape[-2], dtype=mx.int32)
+    return tuple(_ext.rope_qkv(qkv, positions, int(heads), int(kv_heads), *rest, with_v=with_v, stream=stream))
 
 
 def dequantize(data: mx.array, ggml_type, shape, dtype: mx.Dtype = mx.float32, *,
@@ -216,7 +256,7 @@ def mul_mat(a: Union[GGMLTensor, mx.array], b: mx.array, *, stream: Stream = Non
     return _ext.mul_mat(a, -1, list(a.shape), b, stream=stream)
 
 
-__all__ = ["rms_norm", "add_rms_norm", "rope", "dequantize", "quantize", "quantized_matmul", "mul_mat"]
+__all__ = ["rms_norm", "add_rms_norm", "rope", "rope_qkv", "dequantize", "quantize", "quantized_matmul", "mul_mat"]
 
 
 def glu(gate: mx.array, up: Optional[mx.array] = None, kind: str = "swiglu", *, alpha: Optional[float] = None,

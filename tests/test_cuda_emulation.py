@@ -74,7 +74,8 @@ class RopeArgs(ctypes.Structure):
                 ("freq_factors", ctypes.c_void_p), ("ramp", ctypes.c_void_p)] + \
                [(n, ctypes.c_int64) for n in ("batches", "tokens", "heads", "dim", "n_dims",
                                               "batches_per_positions_row", "batches_per_factors_row")] + \
-               [(n, ctypes.c_float) for n in ("theta_scale", "freq_scale", "mscale", "sin_sign")]
+               [(n, ctypes.c_float) for n in ("theta_scale", "freq_scale", "mscale", "sin_sign")] + \
+               [("copied_heads", ctypes.c_int64)]
 
 
 class DequantizeArgs(ctypes.Structure):
@@ -290,7 +291,8 @@ ROPE_CASES = [  # (batches, tokens, heads, dim, n_dims), YaRN, freq_factors
 @pytest.mark.parametrize("mode", ["normal", "neox"])
 @pytest.mark.parametrize("case", ROPE_CASES, ids=str)
 @pytest.mark.parametrize("inverse", [False, True])
-def test_rope(kernels, ftype, mode, case, inverse):
+@pytest.mark.parametrize("copied", [0, 1], ids=["all_rotated", "last_head_copied"])  # rope_qkv's v heads
+def test_rope(kernels, ftype, mode, case, inverse, copied):
     (batches, tokens, heads, dim, n_dims), yarn, with_factors = case
     rng = np.random.default_rng(20 + ftype)
     params = dict(freq_base=10000.0, freq_scale=0.25 if yarn else 1.0, ext_factor=1.0 if yarn else 0.0,
@@ -304,11 +306,13 @@ def test_rope(kernels, ftype, mode, case, inverse):
     y = np.zeros_like(x)
     args = RopeArgs(ptr(x), ptr(y), ptr(positions), ptr(factors) if factors is not None else None,
                     ptr(ramp) if ramp is not None else None, batches, tokens, heads, dim, n_dims,
-                    batches // pos_rows, batches, theta_scale, params["freq_scale"], mscale, -1.0 if inverse else 1.0)
+                    batches // pos_rows, batches, theta_scale, params["freq_scale"], mscale, -1.0 if inverse else 1.0,
+                    copied)
     assert kernels.emulated_rope(args, ftype, int(mode == "neox")) == 0
     xs = loaded(x, ftype)
     expected = np.stack([reference.rope(xs[b], positions[b // (batches // pos_rows)], n_dims, mode,
                                         freq_factors=factors, inverse=inverse, **params) for b in range(batches)])
+    expected[:, :, heads - copied:] = xs[:, :, heads - copied:]
     err = np.max(np.abs(loaded(y, ftype) - expected))
     assert err <= TOL[ftype] * np.max(np.abs(expected)), err
 

@@ -306,6 +306,8 @@ void rope_units(const RopeArgs& a, const Split& w, int64_t begin, int64_t end) {
   const int64_t half = a.n_dims / 2;
   const int64_t row = a.heads * a.dim;  // one token
   const bool copy_rest = (x != y || kOut == Output::staged) && a.dim > a.n_dims;
+  const int64_t rotated = a.heads - a.copied_heads;
+  const bool copy_heads = (x != y || kOut == Output::staged) && a.copied_heads > 0;
   Scratch scratch(a);
   std::vector<T> staged(kOut == Output::staged ? row : kOut == Output::streamed ? half : 0);
   for (int64_t u = begin; u < end; ++u) {
@@ -332,19 +334,21 @@ void rope_units(const RopeArgs& a, const Split& w, int64_t begin, int64_t end) {
           StreamOut out{stream, staged.data()};
           for (int64_t h = 0; h < a.heads; ++h) {
             const float* xr = xt + h * a.dim;
-            rotate_head<Fmt>(a, xr, out, ct, st);
-            for (int64_t k = a.n_dims; k < a.dim; k += kLanes) stream.push(F32::load(xr + k));
+            const int64_t copied_from = h < rotated ? a.n_dims : 0;
+            if (h < rotated) rotate_head<Fmt>(a, xr, out, ct, st);
+            for (int64_t k = copied_from; k < a.dim; k += kLanes) stream.push(F32::load(xr + k));
           }
           stream.finish();
           continue;
         }
 #endif
         T* yt = kOut == Output::staged ? staged.data() : y + token_offset;
-        for (int64_t h = 0; h < a.heads; ++h) {
+        for (int64_t h = 0; h < rotated; ++h) {
           DirectOut<Fmt> out{yt + h * a.dim};
           rotate_head<Fmt>(a, xt + h * a.dim, out, ct, st);
           if (copy_rest) std::memcpy(out.y + a.n_dims, xt + h * a.dim + a.n_dims, (a.dim - a.n_dims) * sizeof(T));
         }
+        if (copy_heads) std::memcpy(yt + rotated * a.dim, xt + rotated * a.dim, a.copied_heads * a.dim * sizeof(T));
         if constexpr (kOut == Output::staged) stream_copy_bytes(y + token_offset, yt, row * sizeof(T));
       }
     }

@@ -19,7 +19,8 @@ struct RopeAngles {
 // positions row b / batches_per_positions_row (rows of `tokens` int32) and
 // freq_factors row b / batches_per_factors_row (rows of n_dims/2 floats, or null).
 // ramp: null when ext_factor == 0, else the YaRN mix r of each of the n_dims/2
-// pairs: angle = ti*(1-r) + te*r.
+// pairs: angle = ti*(1-r) + te*r. The last `copied_heads` heads of every token are
+// copied unrotated (a fused q/k/v row: its v heads; csrc/rope_qkv.h).
 struct RopeArgs {
   const void* x;
   void* y;
@@ -36,6 +37,7 @@ struct RopeArgs {
   int64_t batches_per_factors_row;
   bool neox;
   RopeAngles angles;
+  int64_t copied_heads = 0;
 };
 
 void rope(const RopeArgs& args);

@@ -70,6 +70,7 @@ struct RopeArgs {
   float freq_scale;
   float mscale;
   float sin_sign;
+  int64_t copied_heads = 0;  // the last heads of each token, copied unrotated (csrc/rope_qkv.h)
 };
 KernelLaunch rope_launch(const RopeArgs& args, FloatType type, bool neox);
 

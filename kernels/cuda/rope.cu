@@ -1,6 +1,7 @@
 // ggml's rope_ext: one block per (batch, token). The block first builds the token's cos/sin table in
 // shared memory (pair i's angle is the position times theta_scale multiplied i times, the SPEC's iterated
-// product, so each thread repeats the same i float multiplications), then rotates every head.
+// product, so each thread repeats the same i float multiplications), then rotates every head but the last
+// copied_heads, which it copies.
 #include "kernels/cuda/common.cuh"
 
 namespace ggml_ext::cuda {
@@ -41,7 +42,8 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(RopeArgs a) {
   const T* x = static_cast<const T*>(a.x) + bt * a.heads * a.dim;
   T* y = static_cast<T*>(a.y) + bt * a.heads * a.dim;
   const int64_t steps_per_head = half / kPairs;
-  for (int64_t u = threadIdx.x; u < a.heads * steps_per_head; u += blockDim.x) {
+  const int64_t rotated = a.heads - a.copied_heads;
+  for (int64_t u = threadIdx.x; u < rotated * steps_per_head; u += blockDim.x) {
     const int64_t row = (u / steps_per_head) * a.dim;
     const int64_t i0 = (u % steps_per_head) * kPairs;
     float first[kPairs], second[kPairs];
@@ -71,14 +73,16 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(RopeArgs a) {
       store(y + row + 2 * i0, both);
     }
   }
-  // Dimensions [n_dims, dim) pass through (partial rotation).
+  if (x == y) return;
+  // Dimensions [n_dims, dim) pass through (partial rotation), and the copied heads whole.
   const int64_t rest = a.dim - a.n_dims;
-  if (rest > 0 && x != y) {
-    for (int64_t e = threadIdx.x; e < a.heads * rest; e += blockDim.x) {
+  if (rest > 0) {
+    for (int64_t e = threadIdx.x; e < rotated * rest; e += blockDim.x) {
       const int64_t at = (e / rest) * a.dim + a.n_dims + e % rest;
       y[at] = x[at];
     }
   }
+  for (int64_t e = rotated * a.dim + threadIdx.x; e < a.heads * a.dim; e += blockDim.x) y[e] = x[e];
 }
 
 template <FloatType kType, bool kNeox>

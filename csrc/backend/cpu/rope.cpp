@@ -1,41 +1,60 @@
 #include "csrc/rope.h"
+#include "csrc/rope_qkv.h"
 #include "csrc/backend/cpu/row_major.h"
 #include "kernels/cpu/rope.h"
 
 namespace mlx_ggml_ext {
+namespace {
 
-void RoPE::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
-  const bool has_factors = inputs.size() > 2;
-  output_shapes(inputs);  // throws on inputs that do not fit (never divide by zero below)
-  allocate_like_or_donate(inputs[0], out);  // donated only when x is row-major already
-  if (out.size() == 0) return;
-  const RopeExtent e = rope_extent(inputs, params_);
+// Queues the kernel on the stream: inputs (x, positions[, freq_factors]) laid out as `e` says, into `out` (which
+// has its memory, x's own when donated); the last `copied_heads` heads of every token copied unrotated.
+void run_rope(const RopeParams& p, bool inverse, const std::vector<mx::array>& inputs, const RopeExtent& e,
+              mx::array& out, int64_t copied_heads, mx::Stream stream) {
   // Lives until the task has run.
-  auto ramp = std::make_shared<const std::vector<float>>(rope_ramp(params_));
-
-  auto& enc = mx::cpu::get_command_encoder(stream());
+  auto ramp = std::make_shared<const std::vector<float>>(rope_ramp(p));
+  auto& enc = mx::cpu::get_command_encoder(stream);
   std::vector<mx::array> rows;
   for (const auto& in : inputs) rows.push_back(row_major_input(in, enc));
-  const auto& x = rows[0];
-  const auto& positions = rows[1];
   for (const auto& in : rows) enc.set_input_array(in);
   enc.set_output_array(out);
-  ggml_ext::cpu::RopeArgs args{x.data<void>(),
+  ggml_ext::cpu::RopeArgs args{rows[0].data<void>(),
                                out.data<void>(),
                                float_type(out.dtype()),
-                               positions.data<int32_t>(),
-                               has_factors ? rows[2].data<float>() : nullptr,
+                               rows[1].data<int32_t>(),
+                               rows.size() > 2 ? rows[2].data<float>() : nullptr,
                                ramp->empty() ? nullptr : ramp->data(),
                                e.batches,
                                e.tokens,
                                e.heads,
                                e.dim,
-                               params_.n_dims,
+                               p.n_dims,
                                e.batches_per_positions,
                                e.batches_per_factors,
-                               params_.mode == RopeMode::neox,
-                               rope_angles(params_, inverse_)};
+                               p.mode == RopeMode::neox,
+                               rope_angles(p, inverse),
+                               copied_heads};
   enc.dispatch([args, ramp] { ggml_ext::cpu::rope(args); });
+}
+
+}  // namespace
+
+void RoPE::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  output_shapes(inputs);  // throws on inputs that do not fit (never divide by zero below)
+  allocate_like_or_donate(inputs[0], out);  // donated only when x is row-major already
+  if (out.size() == 0) return;
+  run_rope(params_, inverse_, inputs, rope_extent(inputs, params_), out, 0, stream());
+}
+
+void RopeQKV::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  output_shapes(inputs);  // throws on inputs that do not fit (never divide by zero below)
+  auto buffer = rope_qkv_buffer(inputs[0], heads_);
+  allocate_like_or_donate(inputs[0], buffer);
+  if (buffer.size() > 0) {
+    std::vector<mx::array> as_heads = inputs;  // the extent of qkv read as (..., T, Hq + Hk + Hv, D)
+    as_heads[0] = buffer;
+    run_rope(params_, false, inputs, rope_extent(as_heads, params_), buffer, heads_.v, stream());
+  }
+  rope_qkv_views(buffer, heads_, outputs);
 }
 
 }  // namespace mlx_ggml_ext

@@ -4,6 +4,7 @@
 #include "csrc/quantize.h"
 #include "csrc/rms_norm.h"
 #include "csrc/rope.h"
+#include "csrc/rope_qkv.h"
 #include "kernels/common/ggml_blocks.h"
 #include "mlx/backend/cuda/utils.h"
 
@@ -40,35 +41,57 @@ void AddRMSNorm::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::
   cuda::launch(enc, kc::rms_norm_launch(args, float_type(out.dtype())), args);
 }
 
-void RoPE::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
-  const auto& x = inputs[0];  // every input row-contiguous: the op inserted the copies
-  const auto& positions = inputs[1];
-  const bool has_factors = inputs.size() > 2;
-  output_shapes(inputs);  // throws on inputs that do not fit (never divide by zero below)
-  auto& enc = cuda::begin(stream(), inputs, out, &x);
-  if (out.size() == 0) return;
-  const RopeExtent e = rope_extent(inputs, params_);
-  const auto ramp = rope_ramp(params_);
+namespace {
+
+// Launches the kernel on inputs (x, positions[, freq_factors]) laid out as `e` says, into `out` (registered,
+// with its memory); the last `copied_heads` heads of every token copied unrotated.
+void launch_rope(mx::cu::CommandEncoder& enc, const RopeParams& p, bool inverse, const std::vector<mx::array>& inputs,
+                 const RopeExtent& e, mx::array& out, int64_t copied_heads) {
+  const auto ramp = rope_ramp(p);
   const float* ramp_data = nullptr;
   if (!ramp.empty()) ramp_data = mx::gpu_ptr<float>(cuda::device_constants(enc, ramp));
-  const auto angles = rope_angles(params_, inverse_);
-  kc::RopeArgs args{mx::gpu_ptr<void>(x),
+  const auto angles = rope_angles(p, inverse);
+  kc::RopeArgs args{mx::gpu_ptr<void>(inputs[0]),
                     mx::gpu_ptr<void>(out),
-                    mx::gpu_ptr<int32_t>(positions),
-                    has_factors ? mx::gpu_ptr<float>(inputs[2]) : nullptr,
+                    mx::gpu_ptr<int32_t>(inputs[1]),
+                    inputs.size() > 2 ? mx::gpu_ptr<float>(inputs[2]) : nullptr,
                     ramp_data,
                     e.batches,
                     e.tokens,
                     e.heads,
                     e.dim,
-                    params_.n_dims,
+                    p.n_dims,
                     e.batches_per_positions,
                     e.batches_per_factors,
                     angles.theta_scale,
                     angles.freq_scale,
                     angles.mscale,
-                    angles.sin_sign};
-  cuda::launch(enc, kc::rope_launch(args, float_type(out.dtype()), params_.mode == RopeMode::neox), args);
+                    angles.sin_sign,
+                    copied_heads};
+  cuda::launch(enc, kc::rope_launch(args, float_type(out.dtype()), p.mode == RopeMode::neox), args);
+}
+
+}  // namespace
+
+void RoPE::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  // every input row-contiguous: the op inserted the copies
+  output_shapes(inputs);  // throws on inputs that do not fit (never divide by zero below)
+  auto& enc = cuda::begin(stream(), inputs, out, &inputs[0]);
+  if (out.size() == 0) return;
+  launch_rope(enc, params_, inverse_, inputs, rope_extent(inputs, params_), out, 0);
+}
+
+void RopeQKV::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  // every input row-contiguous: the op inserted the copies
+  output_shapes(inputs);  // throws on inputs that do not fit (never divide by zero below)
+  auto buffer = rope_qkv_buffer(inputs[0], heads_);
+  auto& enc = cuda::begin(stream(), inputs, buffer, &inputs[0]);
+  if (buffer.size() > 0) {
+    std::vector<mx::array> as_heads = inputs;  // the extent of qkv read as (..., T, Hq + Hk + Hv, D)
+    as_heads[0] = buffer;
+    launch_rope(enc, params_, false, inputs, rope_extent(as_heads, params_), buffer, heads_.v);
+  }
+  rope_qkv_views(buffer, heads_, outputs);
 }
 
 void Dequantize::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {

@@ -11,6 +11,7 @@
 #include "csrc/quantized_matmul.h"
 #include "csrc/rms_norm.h"
 #include "csrc/rope.h"
+#include "csrc/rope_qkv.h"
 #include "kernels/common/ggml_blocks.h"
 
 namespace mlx_ggml_ext {
@@ -164,5 +165,10 @@ void QuantizedMatmul::eval_gpu(const std::vector<mx::array>& inputs, mx::array& 
 
 // quantize has no Metal kernel yet (the K-quant search is a CPU design): a clear error.
 MLX_GGML_EXT_NO_GPU_KERNEL(Quantize)
+
+// The Metal rope kernel cannot copy a fused row's v heads yet: the models keep mlx-lm's attention on Metal.
+void RopeQKV::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
+  throw_no_gpu_kernel("RopeQKV");
+}
 
 }  // namespace mlx_ggml_ext

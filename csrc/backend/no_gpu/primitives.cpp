@@ -7,6 +7,7 @@
 #include "csrc/quantized_matmul.h"
 #include "csrc/rms_norm.h"
 #include "csrc/rope.h"
+#include "csrc/rope_qkv.h"
 
 namespace mlx_ggml_ext {
 
@@ -20,6 +21,9 @@ MLX_GGML_EXT_NO_GPU_KERNEL(Attention)
 MLX_GGML_EXT_NO_GPU_KERNEL(MulMatId)
 void AddRMSNorm::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
   throw_no_gpu_kernel("AddRMSNorm");
+}
+void RopeQKV::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
+  throw_no_gpu_kernel("RopeQKV");
 }
 
 }  // namespace mlx_ggml_ext

@@ -1,0 +1,201 @@
+#include "csrc/rope_qkv.h"
+
+#include <algorithm>
+
+#include "mlx/transforms.h"
+
+namespace mlx_ggml_ext {
+namespace {
+
+constexpr const char* kOp = "rope_qkv";
+
+int total_heads(QkvHeads h) { return h.q + h.k + h.v; }
+
+// Shapes of q, k, v for qkv (..., T, F); the inputs fit (checked).
+std::vector<mx::Shape> qkv_shapes(const mx::array& qkv, QkvHeads heads) {
+  const int tokens = qkv.shape(-2), dim = qkv.shape(-1) / total_heads(heads);
+  mx::Shape lead(qkv.shape().begin(), qkv.shape().end() - 2);
+  std::vector<mx::Shape> shapes;
+  for (int h : {heads.q, heads.k, heads.v}) {
+    if (h == 0) break;
+    mx::Shape s = lead;
+    s.insert(s.end(), {h, tokens, dim});
+    shapes.push_back(s);
+  }
+  return shapes;
+}
+
+// Everything but the dtypes, which only the op checks (the node's inputs keep them).
+void check_shapes(const mx::array& qkv, const mx::array& positions, QkvHeads heads, const RopeParams& p,
+                  const std::optional<mx::array>& freq_factors) {
+  if (heads.q <= 0 || heads.k <= 0 || (heads.v != 0 && heads.v != heads.k)) {
+    throw std::invalid_argument(cat("[", kOp, "] heads and kv_heads must be > 0, got ", heads.q, " and ", heads.k,
+                                    "."));
+  }
+  const char* layout = heads.v ? "(heads + 2*kv_heads)" : "(heads + kv_heads)";
+  if (qkv.ndim() < 2) {
+    throw std::invalid_argument(cat("[", kOp, "] qkv must be (..., T, ", layout, " * D), got shape ",
+                                    shape_str(qkv.shape()), "."));
+  }
+  const int64_t features = qkv.shape(-1), total = total_heads(heads);
+  if (features % total != 0) {
+    throw std::invalid_argument(cat("[", kOp, "] qkv's last axis (", features, ") is not a multiple of ", layout,
+                                    " = ", total, " (qkv of shape ", shape_str(qkv.shape()), ")."));
+  }
+  check_rope_params(p, features / total, heads.v ? "D = qkv.shape[-1] / (heads + 2*kv_heads)"
+                                                 : "D = qkv.shape[-1] / (heads + kv_heads)",
+                    cat("qkv of shape ", shape_str(qkv.shape()), " with ", total, " heads"), freq_factors, kOp);
+  if (positions.ndim() != 1 || positions.shape(0) != qkv.shape(-2)) {
+    throw std::invalid_argument(cat("[", kOp, "] positions must have shape (T,) = (", qkv.shape(-2),
+                                    ",) for qkv of shape ", shape_str(qkv.shape()), ", got ",
+                                    shape_str(positions.shape()), "."));
+  }
+}
+
+// The same numbers as ops: reshape, split, RoPE on q and k, heads first. The primitive's transformations.
+std::function<std::vector<mx::array>(const std::vector<mx::array>&)> unfused(const RopeParams& p, QkvHeads heads,
+                                                                            mx::Stream s) {
+  return [p, heads, s](const std::vector<mx::array>& in) {
+    const auto& qkv = in[0];
+    mx::Shape shape(qkv.shape().begin(), qkv.shape().end() - 1);
+    shape.insert(shape.end(), {total_heads(heads), qkv.shape(-1) / total_heads(heads)});
+    const auto heads_of = mx::reshape(qkv, shape, s);
+    auto parts = heads.v ? mx::split(heads_of, mx::Shape{heads.q, heads.q + heads.k}, -2, s)
+                         : mx::split(heads_of, mx::Shape{heads.q}, -2, s);
+    std::optional<mx::array> factors;
+    if (in.size() > 2) factors = in[2];
+    std::vector<mx::array> out = {mx::swapaxes(rope(parts[0], in[1], p, factors, s), -3, -2, s),
+                                  mx::swapaxes(rope(parts[1], in[1], p, factors, s), -3, -2, s)};
+    if (heads.v) out.push_back(mx::swapaxes(parts[2], -3, -2, s));
+    return out;
+  };
+}
+
+// The unfused graph as a function of qkv (and freq_factors) alone: the positions, integers, are not differentiated.
+std::function<std::vector<mx::array>(const std::vector<mx::array>&)> differentiable(const RopeParams& p,
+                                                                                   QkvHeads heads, mx::Stream s,
+                                                                                   const mx::array& positions) {
+  return [f = unfused(p, heads, s), positions](const std::vector<mx::array>& in) {
+    std::vector<mx::array> all = {in[0], positions};
+    if (in.size() > 1) all.push_back(in[1]);
+    return f(all);
+  };
+}
+
+std::vector<mx::array> without_positions(const std::vector<mx::array>& primals) {
+  std::vector<mx::array> rest = {primals[0]};
+  if (primals.size() > 2) rest.push_back(primals[2]);
+  return rest;
+}
+
+void check_no_positions(const std::vector<int>& argnums) {
+  if (std::find(argnums.begin(), argnums.end(), 1) != argnums.end()) {
+    throw std::invalid_argument(cat("[", kOp, "] positions are integers: there is no derivative with respect to them."));
+  }
+}
+
+// MLX's flags of a view with these strides over `data_size` elements.
+mx::array::Flags view_flags(const mx::Shape& shape, const mx::Strides& strides, size_t data_size) {
+  bool row = true, col = true;
+  int64_t expected = 1;
+  for (int i = static_cast<int>(shape.size()) - 1; i >= 0; --i) {
+    if (shape[i] != 1 && strides[i] != expected) row = false;
+    expected *= shape[i];
+  }
+  expected = 1;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] != 1 && strides[i] != expected) col = false;
+    expected *= shape[i];
+  }
+  mx::array::Flags flags{};
+  flags.row_contiguous = row;
+  flags.col_contiguous = col;
+  flags.contiguous = static_cast<size_t>(expected) == data_size;
+  return flags;
+}
+
+}  // namespace
+
+std::vector<mx::array> rope_qkv(const mx::array& qkv, const mx::array& positions, QkvHeads heads,
+                                const RopeParams& params, const std::optional<mx::array>& freq_factors,
+                                mx::StreamOrDevice s) {
+  check_float_dtype(qkv, kOp, "qkv");
+  if (positions.dtype() != mx::int32) {
+    throw type_error(cat("[", kOp, "] positions must be int32, got ", dtype_str(positions.dtype()), "."));
+  }
+  if (params.heads_first) throw std::invalid_argument(cat("[", kOp, "] heads_first does not apply."));
+  check_shapes(qkv, positions, heads, params, freq_factors);
+  const auto stream = mx::to_stream(s);
+  std::vector<mx::array> inputs = {kernel_input(qkv, stream), kernel_input(positions, stream)};
+  if (freq_factors) inputs.push_back(kernel_input(*freq_factors, stream));
+  const auto shapes = qkv_shapes(qkv, heads);
+  return mx::array::make_arrays(shapes, std::vector<mx::Dtype>(shapes.size(), qkv.dtype()),
+                                std::make_shared<RopeQKV>(stream, params, heads), inputs);
+}
+
+std::vector<mx::Shape> RopeQKV::output_shapes(const std::vector<mx::array>& inputs) {
+  std::optional<mx::array> factors;
+  if (inputs.size() > 2) factors = inputs[2];
+  check_shapes(inputs[0], inputs[1], heads_, params_, factors);
+  return qkv_shapes(inputs[0], heads_);
+}
+
+bool RopeQKV::is_equivalent(const mx::Primitive& other) const {
+  const auto& o = static_cast<const RopeQKV&>(other);
+  return params_ == o.params_ && heads_ == o.heads_;
+}
+
+std::vector<mx::array> RopeQKV::vjp(const std::vector<mx::array>& primals, const std::vector<mx::array>& cotangents,
+                                    const std::vector<int>& argnums, const std::vector<mx::array>&) {
+  check_no_positions(argnums);
+  const auto grads = mx::vjp(differentiable(params_, heads_, stream(), primals[1]), without_positions(primals),
+                             cotangents).second;
+  std::vector<mx::array> picked;
+  for (int arg : argnums) picked.push_back(grads[arg == 0 ? 0 : 1]);
+  return picked;
+}
+
+std::vector<mx::array> RopeQKV::jvp(const std::vector<mx::array>& primals, const std::vector<mx::array>& tangents,
+                                    const std::vector<int>& argnums) {
+  check_no_positions(argnums);
+  auto inputs = without_positions(primals);
+  std::vector<mx::array> all;
+  for (const auto& p : inputs) all.push_back(mx::zeros_like(p, stream()));
+  for (size_t i = 0; i < argnums.size(); ++i) all[argnums[i] == 0 ? 0 : 1] = tangents[i];
+  return mx::jvp(differentiable(params_, heads_, stream(), primals[1]), inputs, all).second;
+}
+
+std::pair<std::vector<mx::array>, std::vector<int>> RopeQKV::vmap(const std::vector<mx::array>& inputs,
+                                                                  const std::vector<int>& axes) {
+  const std::vector<int> out_axes(heads_.v ? 3 : 2, 0);
+  return {mx::vmap(unfused(params_, heads_, stream()), axes, out_axes)(inputs), out_axes};
+}
+
+mx::array rope_qkv_buffer(const mx::array& qkv, QkvHeads heads) {
+  mx::Shape shape(qkv.shape().begin(), qkv.shape().end() - 1);
+  shape.insert(shape.end(), {total_heads(heads), qkv.shape(-1) / total_heads(heads)});
+  return mx::array(shape, qkv.dtype(), nullptr, {});
+}
+
+void rope_qkv_views(const mx::array& buffer, QkvHeads heads, std::vector<mx::array>& outputs) {
+  const int nd = buffer.ndim();  // (..., T, H, D), as every output (..., Hj, T, D)
+  const int64_t dim = buffer.shape(-1), row = buffer.shape(-2) * dim;
+  int64_t first_head = 0;
+  for (auto& out : outputs) {
+    // (..., Hj, T, D): the leading axes as the buffer's, then the head, token and element strides.
+    mx::Strides strides(buffer.strides().begin(), buffer.strides().begin() + (nd - 3));
+    strides.insert(strides.end(), {dim, row, 1});
+    // A size-1 axis takes the stride that keeps the view row-contiguous where it can be (a decode token's q is
+    // (1, Hq, 1, D): contiguous, whatever the token stride).
+    for (int i = nd - 1; i >= 0; --i) {
+      if (out.shape(i) == 1) strides[i] = i + 1 < nd ? strides[i + 1] * out.shape(i + 1) : 1;
+    }
+    size_t data_size = out.size() == 0 ? 0 : 1;
+    for (int i = 0; i < nd && data_size > 0; ++i) data_size += (out.shape(i) - 1) * strides[i];
+    out.copy_shared_buffer(buffer, strides, view_flags(out.shape(), strides, data_size), data_size,
+                           first_head * dim);
+    first_head += out.shape(-3);
+  }
+}
+
+}  // namespace mlx_ggml_ext

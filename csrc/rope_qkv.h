@@ -1,0 +1,59 @@
+// A fused q/k/v projection's output split into attention heads, q and k rotated (ggml's rope_ext), in MLX's
+// attention layout: one node where mlx-lm's attention builds eleven (a split into three, three reshapes, three
+// transposes, two ropes), which on a GPU is host time of every decode token.
+//
+// qkv (..., T, (Hq + Hk + Hv) * D) -> q (..., Hq, T, D), k (..., Hk, T, D), v (..., Hv, T, D), or without v
+// (Hv = 0: q and k stacked, v a product of its own, as where a Q4_K_M file's v weights have another block type).
+// The kernel is RoPE's (kernels/*/rope), run over qkv as (..., T, Hq + Hk + Hv, D) with its last Hv heads copied;
+// the outputs are strided views of that one buffer.
+#pragma once
+#include <optional>
+#include <vector>
+
+#include "csrc/rope.h"
+
+namespace mlx_ggml_ext {
+
+struct QkvHeads {
+  int q = 0;  // query heads
+  int k = 0;  // key heads
+  int v = 0;  // value heads: k, or 0 for an input without them
+  bool operator==(const QkvHeads&) const = default;
+};
+
+// params.heads_first must be false (the outputs are heads-first by construction).
+std::vector<mx::array> rope_qkv(const mx::array& qkv, const mx::array& positions, QkvHeads heads,
+                                const RopeParams& params, const std::optional<mx::array>& freq_factors,
+                                mx::StreamOrDevice s = {});
+
+// Inputs: qkv (..., T, F) row-contiguous on a GPU, positions int32 (T,), optionally freq_factors float32
+// (n_dims/2,). Its transformations are the unfused graph's (reshape, split, RoPE, swapaxes), built from RoPE's.
+class RopeQKV : public mx::Primitive {
+ public:
+  RopeQKV(mx::Stream stream, const RopeParams& params, QkvHeads heads)
+      : mx::Primitive(stream), params_(params), heads_(heads) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+
+  MLX_GGML_EXT_TRANSFORM_OVERRIDES
+
+  const char* name() const override { return "GGMLExtRopeQKV"; }
+  bool is_equivalent(const mx::Primitive& other) const override;
+  // Re-checks the shapes, which mx.compile(shapeless=True) may change after the op's checks.
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override;
+
+  const RopeParams& params() const { return params_; }
+  QkvHeads heads() const { return heads_; }
+
+ private:
+  RopeParams params_;
+  QkvHeads heads_;
+};
+
+// For every backend's eval: the buffer the kernel writes, (..., T, Hq + Hk + Hv, D) of qkv's dtype (no data yet),
+// and, once it has data, the outputs made views of it.
+mx::array rope_qkv_buffer(const mx::array& qkv, QkvHeads heads);
+void rope_qkv_views(const mx::array& buffer, QkvHeads heads, std::vector<mx::array>& outputs);
+
+}  // namespace mlx_ggml_ext
