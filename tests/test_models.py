@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 
+import gguf
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -114,6 +115,32 @@ def test_fused_residual_norms_change_no_number(key, tiny, monkeypatch):
     assert adds == {"1": len(model.layers), "0": 0}
     for fused, plain in zip(logits["1"], logits["0"]):
         np.testing.assert_array_equal(fused, plain)
+
+
+@pytest.mark.parametrize("key", list(ref.TINY_MODELS))
+def test_rope_qkv_attention_changes_no_number(key, tmp_path, monkeypatch):
+    """models/qkv_attention.py: the llama-style attention modules (not llama3's, whose rope has frequency factors,
+    nor the q/k-normed qwen3 and gemma3) split and rotate q, k and v with one ops.rope_qkv, the same numbers as
+    mlx-lm's call (on the CPU the same rope kernel: bit for bit) through prefill and cached decode steps. Every
+    matrix Q8_0, so that q, k and v stack into one product (test_stacked_projections.py: q and k alone); the
+    products as float matmuls, so that on a GPU (mx.fast.rope in mlx-lm's call) a last-bit difference of the angles
+    does not flip a rounding of x to int8 (0.5% of the largest logit on an H200)."""
+    _use_float_products(monkeypatch)
+    path = str(tmp_path / f"{key}.gguf")
+    ref.write_model(path, ref.TINY_MODELS[key], matrix_types=[gguf.GGMLQuantizationType.Q8_0])
+    logits, fused = {}, {}
+    for flag in ("1", "0"):
+        monkeypatch.setenv("MLX_GGML_EXT_ROPE_QKV", flag)
+        model, _ = models.load(path, tokenizer=False)
+        fused[flag] = sum(type(layer.self_attn).__module__.endswith("models.qkv_attention") for layer in model.layers)
+        logits[flag] = _logits(model, TOKENS), _cached_logits(model, TOKENS, prefill=3)
+    applies = key in ("llama", "qwen2", "phi3", "mixtral")
+    assert fused == {"1": len(model.layers) if applies else 0, "0": 0}
+    for one_op, plain in zip(logits["1"], logits["0"]):
+        if mx.default_device() == mx.cpu:
+            np.testing.assert_array_equal(one_op, plain)
+        else:  # MLX's GPU rope computes the angles otherwise (exp/log, not ggml's iterated product)
+            assert _rel_max(one_op, plain) < 2e-3  # each is within 6.2e-4 of float64 (architecture test)
 
 
 @pytest.mark.parametrize("key", [k for k, m in ref.TINY_MODELS.items() if m.experts])

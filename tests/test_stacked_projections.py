@@ -50,6 +50,8 @@ def test_stacked_layers_and_logits(key, files):
     # Each output is the same dot product of the same row as without stacking.
     bound = 1e-5 if mx.default_device() == mx.cpu else 2e-3
     assert _rel_max(got, _logits(models.load(path, tokenizer=False, stack_projections=False)[0], TOKENS)) < bound
+    # The stacked q and k (and v where it stacks) go through ops.rope_qkv (models/qkv_attention.py).
+    assert all(layer.self_attn._rope_qkv_plan[2] == ("v_proj" in sliced) for layer in model.layers)
 
 
 def test_kv_cache_through_the_slices(files, monkeypatch):

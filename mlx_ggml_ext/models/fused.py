@@ -16,7 +16,9 @@ ops.attention's CUDA kernel is not used by the models yet, and it has no Metal k
 - Attention: mlx-lm's attention modules call the `scaled_dot_product_attention` of their own module. That name is
   pointed at `_dispatching_attention`, which takes the package's kernel only while one of *our* models is being
   called (a thread-local flag set by `FusedOpsModel.__call__`) and otherwise is exactly mlx-lm's function, so
-  other mlx-lm models in the same process are not affected.
+  other mlx-lm models in the same process are not affected. The llama-style attention modules take a call of
+  their own where q, k and v come from one product: split into heads and rotated by ops.rope_qkv
+  (models/qkv_attention.py).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from mlx_lm.models import base as _mlx_lm_base
 from .. import _ext, ops
 from ..nn import GGMLSwitchGLU
 from .projections import stack_attention_projections, stack_linears, stackable
+from .qkv_attention import use_rope_qkv
 from .residual import fuse_residual_norms
 from .rope import GGMLRoPE, sharing_positions
 
@@ -94,6 +97,10 @@ def use_fused_ops(model: nn.Module, architecture: str, mlx_lm_module: str, stack
             stack_attention_projections(layer.self_attn)
         if type(getattr(layer.self_attn, "rope", None)) is nn.RoPE:  # not the subclasses with scalings of their own
             layer.self_attn.rope = GGMLRoPE(layer.self_attn.rope)
+        # q, k and v into heads and rotated by one op (models/qkv_attention.py); MLX_GGML_EXT_ROPE_QKV=0 keeps
+        # mlx-lm's call (for A/B runs).
+        if os.environ.get("MLX_GGML_EXT_ROPE_QKV", "1") != "0":
+            use_rope_qkv(layer.self_attn, _dispatching_attention)
     module = importlib.import_module(f"mlx_lm.models.{mlx_lm_module}")
     module.scaled_dot_product_attention = _dispatching_attention
     # Each residual add with the norm after it (models/residual.py); MLX_GGML_EXT_FUSED_RESIDUAL=0 keeps them

@@ -1,0 +1,93 @@
+"""mlx-lm's attention with q, k and v split into heads and rotated by one op (ops.rope_qkv).
+
+mlx-lm's attention modules project x into q, k and v, then reshape, transpose and rotate each: with the stacked
+projections (models/projections.py) a product, a split into three, three reshapes, three transposes and two ropes,
+twelve graph nodes a layer. A decode token's time is mostly per-node host time on a GPU (MLX builds and encodes
+every node) and a noticeable part of it on the CPU, so the layer's call here takes the stacked product and one
+rope_qkv node instead; the rest is as mlx-lm writes it (the cache update, its module's attention function, o_proj).
+
+It applies where the attention is one of the classes below (their calls are that same math), its rope a plain
+GGMLRoPE and its q and k (and v) one product in that order: v can be a product of its own (a Q4_K_M file's v
+weights often have another block type than q and k). The call checks per call that the projections are still those
+(a LoRA layer put in their place afterwards takes mlx-lm's call again), and falls back to mlx-lm's call on Metal
+(no rope_qkv kernel there) and for per-sequence cache offsets (batched caches).
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .. import _ext
+from .projections import ProjectionSlice
+from .rope import GGMLRoPE
+
+# The attention classes whose call is the math above, with the names of their head counts.
+HEAD_COUNTS = {
+    ("mlx_lm.models.llama", "Attention"): ("n_heads", "n_kv_heads"),
+    ("mlx_lm.models.qwen2", "Attention"): ("n_heads", "n_kv_heads"),
+    ("mlx_lm.models.mixtral", "MixtralAttention"): ("num_heads", "num_key_value_heads"),
+    ("mlx_lm.models.phi3", "Attention"): ("n_heads", "n_kv_heads"),
+}
+_METAL_BUILD = _ext.gpu_backend() == "metal"
+
+
+def _product_plan(attention: nn.Module):
+    """(name of the q/k(/v) product, the modules that must stay in place, with_v), or None."""
+    if "qkv_proj" in attention:  # phi3: one projection in the file already
+        return "qkv_proj", (attention["qkv_proj"],), True
+    if "fused_proj" not in attention:
+        return None
+    parts = [attention.get(name) for name in ("q_proj", "k_proj", "v_proj")]
+    stacked = [isinstance(p, ProjectionSlice) and p._product.linear is attention["fused_proj"] for p in parts]
+    if not (stacked[0] and stacked[1] and parts[0]._index == 0 and parts[1]._index == 1):
+        return None
+    with_v = stacked[2] and parts[2]._index == 2
+    return "fused_proj", tuple(parts if with_v else parts[:2]), with_v
+
+
+def _call(self, x: mx.array, mask=None, cache=None) -> mx.array:
+    offset = 0 if cache is None else cache.offset
+    name, kept, with_v = self._rope_qkv_plan
+    if (type(offset) is not int or (_METAL_BUILD and mx.default_device() == mx.gpu)
+            or any(self[n] is not m for n, m in zip(self._rope_qkv_names, kept))):
+        return super(type(self), self).__call__(x, mask, cache)
+    B, L, _ = x.shape
+    rope, (heads, kv_heads) = self["rope"], self._rope_qkv_heads
+    # Arguments valid by construction (checked at install): the extension directly.
+    out = _ext.rope_qkv(self[name](x), GGMLRoPE._positions(offset, L), heads, kv_heads, rope.dims, rope._mode,
+                        rope.base, rope.scale, with_v=with_v)
+    q, k = out[0], out[1]
+    v = out[2] if with_v else self["v_proj"](x).reshape(B, L, kv_heads, -1).transpose(0, 2, 1, 3)
+    if cache is not None:
+        k, v = cache.update_and_fetch(k, v)
+    o = self._rope_qkv_attention(q, k, v, cache, self.scale, mask)
+    return self["o_proj"](o.transpose(0, 2, 1, 3).reshape(B, L, -1))
+
+
+_classes: dict = {}
+
+
+def use_rope_qkv(attention: nn.Module, attention_fn) -> bool:
+    """Gives `attention` the call above where it applies (True); `attention_fn(q, k, v, cache, scale, mask)` is the
+    attention of its module (models/fused.py's dispatching one)."""
+    counts = HEAD_COUNTS.get((type(attention).__module__, type(attention).__name__))
+    plan = _product_plan(attention)
+    if counts is None or plan is None or type(attention.get("rope")) is not GGMLRoPE:
+        return False
+    heads, kv_heads = (int(getattr(attention, c)) for c in counts)
+    name, kept, with_v = plan
+    total = heads + kv_heads * (2 if with_v else 1)
+    width = getattr(attention[name], "output_dims", None)
+    if not isinstance(width, int) or width % total or (width // total) % 2 or attention.rope.dims > width // total:
+        return False
+    cls = type(attention)
+    if cls not in _classes:
+        _classes[cls] = type(cls.__name__, (cls,), {"__call__": _call})
+    attention.__class__ = _classes[cls]
+    # Plain attributes, not child modules (the projections are registered under their own names already).
+    for key, value in (("_rope_qkv_plan", plan), ("_rope_qkv_heads", (heads, kv_heads)),
+                       ("_rope_qkv_names", ("qkv_proj",) if name == "qkv_proj" else ("q_proj", "k_proj", "v_proj")),
+                       ("_rope_qkv_attention", attention_fn)):
+        object.__setattr__(attention, key, value)
+    return True
