@@ -118,30 +118,37 @@ def model_vocab(model) -> int:
 def mlx_affine4(model: nn.Module, group_size: int = 64) -> nn.Module:
     """The same model with every GGMLLinear replaced by MLX's own affine 4-bit QuantizedLinear of the dequantized
     weight (what mlx-lm's `nn.quantize(group_size=64, bits=4)` makes of a float16 model). Its norms, RoPE and
-    gated activation stay the package's ops; its residual adds MLX's (the caller loads it unfused)."""
+    gated activation stay the package's ops (the caller loads it unstacked, with MLX's residual adds and mlx-lm's
+    attention call)."""
     def convert(layer):
         linear = nn.Linear(layer.input_dims, layer.output_dims, bias="bias" in layer)
         linear.weight = layer.tensor.dequantize(mx.float16)
         if "bias" in layer:
             linear.bias = layer.bias
-        return nn.QuantizedLinear.from_linear(linear, group_size, 4)
+        quantized = nn.QuantizedLinear.from_linear(linear, group_size, 4)
+        # Scales and biases in the activations' dtype (float32 here), as mlx-lm's model of a float16 checkpoint
+        # has them in its: float16 ones cost MLX two conversion kernels per product and token.
+        quantized.scales, quantized.biases = quantized.scales.astype(mx.float32), quantized.biases.astype(mx.float32)
+        return quantized
     swaps = [(path, convert(m)) for path, m in model.named_modules() if isinstance(m, GGMLLinear)]
     model.update_modules(tree_unflatten(swaps))
     mx.eval(model.parameters())
     return model
 
 
-def load_unfused_residual(path: str) -> nn.Module:
-    """Ours with each residual add and the norm after it as two ops (MLX_GGML_EXT_FUSED_RESIDUAL=0 at load)."""
-    previous = os.environ.get("MLX_GGML_EXT_FUSED_RESIDUAL")
-    os.environ["MLX_GGML_EXT_FUSED_RESIDUAL"] = "0"
+def load_with(path: str, env: dict, **kwargs) -> nn.Module:
+    """Ours loaded with the environment's A/B switches set (`MLX_GGML_EXT_FUSED_RESIDUAL=0`: each residual add and
+    the norm after it as two ops; `MLX_GGML_EXT_ROPE_QKV=0`: mlx-lm's attention call) and models.load's `kwargs`."""
+    previous = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
     try:
-        return models.load(path)[0]
+        return models.load(path, **kwargs)[0]
     finally:
-        if previous is None:
-            os.environ.pop("MLX_GGML_EXT_FUSED_RESIDUAL")
-        else:
-            os.environ["MLX_GGML_EXT_FUSED_RESIDUAL"] = previous
+        for name, value in previous.items():
+            if value is None:
+                os.environ.pop(name)
+            else:
+                os.environ[name] = value
 
 
 def llama_bench(binary: str, model: str, prompts, decode: int, threads: int, extra: str = "", reps: int = 1) -> dict:
@@ -206,6 +213,9 @@ def main():
                         "(models.load(precise_head=False))")
     p.add_argument("--unfused-residual", action="store_true",
                    help="also ours with each residual add and its norm as two ops (models/residual.py undone)")
+    p.add_argument("--unfused-rope-qkv", action="store_true",
+                   help="also ours with mlx-lm's attention call (q, k, v split and rotated by separate ops: "
+                        "models/qkv_attention.py undone)")
     p.add_argument("--checked-ids", action="store_true",
                    help="also ours with the experts' ids evaluated and checked at every projection (check_ids=True: "
                         "a GPU synchronization each; models.load leaves them lazy)")
@@ -225,8 +235,11 @@ def main():
     contenders = {"ours": lambda: ours(model, prompts, args.decode, 1, reps)}
     mlx_models = [model]  # every MLX model, warmed up before the rounds
     if args.mlx_4bit:
-        # The residual adds stay MLX's own ops in this model (as in the runs before they were fused in ours).
-        affine = mlx_affine4(load_unfused_residual(args.model))
+        # As mlx-lm builds it: one QuantizedLinear per projection (none stacked), its attention call, the residual
+        # adds MLX's own ops. (Before 2026-11-29 the stacked q/k/v product of this model stayed ours: its slices
+        # kept the GGMLLinear that the conversion replaced.)
+        affine = mlx_affine4(load_with(args.model, {"MLX_GGML_EXT_FUSED_RESIDUAL": "0", "MLX_GGML_EXT_ROPE_QKV": "0"},
+                                       stack_projections=False))
         contenders["mlx_affine4"] = lambda: ours(affine, prompts, args.decode, 1, reps)
         mlx_models.append(affine)
     if args.unstacked:
@@ -237,8 +250,12 @@ def main():
         one_pass, _ = models.load(args.model, precise_head=False)
         contenders["ours_one_pass_head"] = lambda: ours(one_pass, prompts, args.decode, 1, reps)
         mlx_models.append(one_pass)
+    if args.unfused_rope_qkv:
+        plain_attention = load_with(args.model, {"MLX_GGML_EXT_ROPE_QKV": "0"})
+        contenders["ours_mlx_lm_attention"] = lambda: ours(plain_attention, prompts, args.decode, 1, reps)
+        mlx_models.append(plain_attention)
     if args.unfused_residual:
-        unfused = load_unfused_residual(args.model)
+        unfused = load_with(args.model, {"MLX_GGML_EXT_FUSED_RESIDUAL": "0"})
         contenders["ours_unfused_residual"] = lambda: ours(unfused, prompts, args.decode, 1, reps)
         mlx_models.append(unfused)
     if args.checked_ids:

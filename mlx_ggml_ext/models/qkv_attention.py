@@ -58,11 +58,18 @@ def _call(self, x: mx.array, mask=None, cache=None) -> mx.array:
     out = _ext.rope_qkv(self[name](x), GGMLRoPE._positions(offset, L), heads, kv_heads, rope.dims, rope._mode,
                         rope.base, rope.scale, with_v=with_v)
     q, k = out[0], out[1]
-    v = out[2] if with_v else self["v_proj"](x).reshape(B, L, kv_heads, -1).transpose(0, 2, 1, 3)
+    # One token: (B, 1, H, D) and (B, H, 1, D) are the same row-major array, so one reshape does a reshape and a
+    # transpose (one graph node instead of two).
+    if with_v:
+        v = out[2]
+    elif L == 1:
+        v = self["v_proj"](x).reshape(B, kv_heads, 1, -1)
+    else:
+        v = self["v_proj"](x).reshape(B, L, kv_heads, -1).transpose(0, 2, 1, 3)
     if cache is not None:
         k, v = cache.update_and_fetch(k, v)
     o = self._rope_qkv_attention(q, k, v, cache, self.scale, mask)
-    return self["o_proj"](o.transpose(0, 2, 1, 3).reshape(B, L, -1))
+    return self["o_proj"](o.reshape(B, 1, -1) if L == 1 else o.transpose(0, 2, 1, 3).reshape(B, L, -1))
 
 
 _classes: dict = {}
