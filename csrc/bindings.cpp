@@ -144,17 +144,21 @@ NB_MODULE(_ext, m) {
         [](const mx::array& qkv, const mx::array& positions, int heads, int kv_heads, int n_dims,
            const std::variant<int, std::string>& mode, float freq_base, float freq_scale, float ext_factor,
            float attn_factor, float beta_fast, float beta_slow, int n_ctx_orig,
-           const std::optional<mx::array>& freq_factors, bool with_v, mx::StreamOrDevice s) {
+           const std::optional<mx::array>& freq_factors, bool with_v, const std::optional<mx::array>& q_norm,
+           const std::optional<mx::array>& k_norm, float norm_eps, mx::StreamOrDevice s) {
           RopeParams p{n_dims, std::visit([](const auto& m) { return rope_mode(m); }, mode), freq_base,
                        freq_scale, ext_factor, attn_factor, beta_fast, beta_slow, n_ctx_orig, false};
-          return rope_qkv(qkv, positions, QkvHeads{heads, kv_heads, with_v ? kv_heads : 0}, p, freq_factors, s);
+          return rope_qkv(qkv, positions, QkvHeads{heads, kv_heads, with_v ? kv_heads : 0}, p, freq_factors, q_norm,
+                          k_norm, norm_eps, s);
         },
         "qkv"_a, "positions"_a, "heads"_a, "kv_heads"_a, "n_dims"_a, "mode"_a = "normal", "freq_base"_a = 10000.0f,
         "freq_scale"_a = 1.0f, "ext_factor"_a = 0.0f, "attn_factor"_a = 1.0f, "beta_fast"_a = 32.0f,
         "beta_slow"_a = 1.0f, "n_ctx_orig"_a = 0, "freq_factors"_a = nb::none(), nb::kw_only(),
-        "with_v"_a = true, "stream"_a = nb::none(),
+        "with_v"_a = true, "q_norm"_a = nb::none(), "k_norm"_a = nb::none(), "norm_eps"_a = 1e-6f,
+        "stream"_a = nb::none(),
         "qkv (..., T, (heads + 2*kv_heads) * D) -> [q (..., heads, T, D), k and v (..., kv_heads, T, D)]; q and k\n"
-        "rotated as rope with positions int32 (T,). with_v=False: qkv holds q and k only -> [q, k].");
+        "rotated as rope with positions int32 (T,). with_v=False: qkv holds q and k only -> [q, k]. q_norm, k_norm\n"
+        "(D,): each q / k head rms-normed with them first.");
 
   m.def("glu",
         [](const mx::array& gate, const std::optional<mx::array>& up, const std::string& kind,

@@ -1,6 +1,8 @@
 #include "csrc/rope_qkv.h"
+#include "csrc/rms_norm.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "mlx/transforms.h"
 
@@ -27,7 +29,8 @@ std::vector<mx::Shape> qkv_shapes(const mx::array& qkv, QkvHeads heads) {
 
 // Everything but the dtypes, which only the op checks (the node's inputs keep them).
 void check_shapes(const mx::array& qkv, const mx::array& positions, QkvHeads heads, const RopeParams& p,
-                  const std::optional<mx::array>& freq_factors) {
+                  const std::optional<mx::array>& freq_factors, const std::optional<mx::array>& q_norm,
+                  const std::optional<mx::array>& k_norm) {
   if (heads.q <= 0 || heads.k <= 0 || (heads.v != 0 && heads.v != heads.k)) {
     throw std::invalid_argument(cat("[", kOp, "] heads and kv_heads must be > 0, got ", heads.q, " and ", heads.k,
                                     "."));
@@ -50,43 +53,73 @@ void check_shapes(const mx::array& qkv, const mx::array& positions, QkvHeads hea
                                     ",) for qkv of shape ", shape_str(qkv.shape()), ", got ",
                                     shape_str(positions.shape()), "."));
   }
+  if (q_norm.has_value() != k_norm.has_value()) {
+    throw std::invalid_argument(cat("[", kOp, "] q_norm and k_norm go together: give both or neither."));
+  }
+  for (const auto* w : {&q_norm, &k_norm}) {
+    if (*w && ((*w)->ndim() != 1 || (*w)->shape(0) != features / total)) {
+      throw std::invalid_argument(cat("[", kOp, "] ", w == &q_norm ? "q_norm" : "k_norm", " must have shape (D,) = (",
+                                      features / total, ",), got ", shape_str((*w)->shape()), "."));
+    }
+  }
 }
 
-// The same numbers as ops: reshape, split, RoPE on q and k, heads first. The primitive's transformations.
+// The optional inputs of a node's input list: freq_factors, q_norm, k_norm.
+struct Optionals {
+  std::optional<mx::array> factors, q_norm, k_norm;
+};
+Optionals optionals(const std::vector<mx::array>& in, bool has_factors, bool norm) {
+  Optionals o;
+  size_t next = 2;
+  if (has_factors) o.factors = in[next++];
+  if (norm) o.q_norm = in[next], o.k_norm = in[next + 1];
+  return o;
+}
+
+// The same numbers as ops: reshape, split, RMSNorm and RoPE on q and k, heads first. The primitive's
+// transformations (in: the node's inputs).
 std::function<std::vector<mx::array>(const std::vector<mx::array>&)> unfused(const RopeParams& p, QkvHeads heads,
+                                                                            QkNorm norm, bool has_factors,
                                                                             mx::Stream s) {
-  return [p, heads, s](const std::vector<mx::array>& in) {
+  return [p, heads, norm, has_factors, s](const std::vector<mx::array>& in) {
     const auto& qkv = in[0];
     mx::Shape shape(qkv.shape().begin(), qkv.shape().end() - 1);
     shape.insert(shape.end(), {total_heads(heads), qkv.shape(-1) / total_heads(heads)});
     const auto heads_of = mx::reshape(qkv, shape, s);
     auto parts = heads.v ? mx::split(heads_of, mx::Shape{heads.q, heads.q + heads.k}, -2, s)
                          : mx::split(heads_of, mx::Shape{heads.q}, -2, s);
-    std::optional<mx::array> factors;
-    if (in.size() > 2) factors = in[2];
-    std::vector<mx::array> out = {mx::swapaxes(rope(parts[0], in[1], p, factors, s), -3, -2, s),
-                                  mx::swapaxes(rope(parts[1], in[1], p, factors, s), -3, -2, s)};
+    const auto o = optionals(in, has_factors, norm.on);
+    if (norm.on) {  // in float32, as the kernel norms (and then rounds once, after the rotation)
+      parts[0] = rms_norm(mx::astype(parts[0], mx::float32, s), o.q_norm, norm.eps, s);
+      parts[1] = rms_norm(mx::astype(parts[1], mx::float32, s), o.k_norm, norm.eps, s);
+    }
+    auto rotated = [&](const mx::array& a) {
+      return mx::swapaxes(mx::astype(rope(a, in[1], p, o.factors, s), qkv.dtype(), s), -3, -2, s);
+    };
+    std::vector<mx::array> out = {rotated(parts[0]), rotated(parts[1])};
     if (heads.v) out.push_back(mx::swapaxes(parts[2], -3, -2, s));
     return out;
   };
 }
 
-// The unfused graph as a function of qkv (and freq_factors) alone: the positions, integers, are not differentiated.
-std::function<std::vector<mx::array>(const std::vector<mx::array>&)> differentiable(const RopeParams& p,
-                                                                                   QkvHeads heads, mx::Stream s,
-                                                                                   const mx::array& positions) {
-  return [f = unfused(p, heads, s), positions](const std::vector<mx::array>& in) {
-    std::vector<mx::array> all = {in[0], positions};
-    if (in.size() > 1) all.push_back(in[1]);
+// The unfused graph as a function of every input but the positions (integers, not differentiated).
+std::function<std::vector<mx::array>(const std::vector<mx::array>&)> without_positions(
+    std::function<std::vector<mx::array>(const std::vector<mx::array>&)> f, const mx::array& positions) {
+  return [f, positions](const std::vector<mx::array>& in) {
+    std::vector<mx::array> all = in;
+    all.insert(all.begin() + 1, positions);
     return f(all);
   };
 }
 
 std::vector<mx::array> without_positions(const std::vector<mx::array>& primals) {
-  std::vector<mx::array> rest = {primals[0]};
-  if (primals.size() > 2) rest.push_back(primals[2]);
+  std::vector<mx::array> rest = primals;
+  rest.erase(rest.begin() + 1);
   return rest;
 }
+
+// An input's index among those of without_positions.
+int index_without_positions(int arg) { return arg == 0 ? 0 : arg - 1; }
 
 void check_no_positions(const std::vector<int>& argnums) {
   if (std::find(argnums.begin(), argnums.end(), 1) != argnums.end()) {
@@ -118,40 +151,51 @@ mx::array::Flags view_flags(const mx::Shape& shape, const mx::Strides& strides, 
 
 std::vector<mx::array> rope_qkv(const mx::array& qkv, const mx::array& positions, QkvHeads heads,
                                 const RopeParams& params, const std::optional<mx::array>& freq_factors,
-                                mx::StreamOrDevice s) {
+                                const std::optional<mx::array>& q_norm, const std::optional<mx::array>& k_norm,
+                                float norm_eps, mx::StreamOrDevice s) {
   check_float_dtype(qkv, kOp, "qkv");
   if (positions.dtype() != mx::int32) {
     throw type_error(cat("[", kOp, "] positions must be int32, got ", dtype_str(positions.dtype()), "."));
   }
+  if (q_norm) check_float_dtype(*q_norm, kOp, "q_norm");
+  if (k_norm) check_float_dtype(*k_norm, kOp, "k_norm");
+  if (!std::isfinite(norm_eps) || norm_eps < 0.0f) {
+    throw std::invalid_argument(cat("[", kOp, "] norm_eps must be finite and >= 0, got ", norm_eps, "."));
+  }
   if (params.heads_first) throw std::invalid_argument(cat("[", kOp, "] heads_first does not apply."));
-  check_shapes(qkv, positions, heads, params, freq_factors);
+  check_shapes(qkv, positions, heads, params, freq_factors, q_norm, k_norm);
   const auto stream = mx::to_stream(s);
   std::vector<mx::array> inputs = {kernel_input(qkv, stream), kernel_input(positions, stream)};
   if (freq_factors) inputs.push_back(kernel_input(*freq_factors, stream));
+  const QkNorm norm{q_norm.has_value(), norm_eps};
+  if (norm.on) {  // the kernels read float32 weights
+    inputs.push_back(kernel_input(mx::astype(*q_norm, mx::float32, stream), stream));
+    inputs.push_back(kernel_input(mx::astype(*k_norm, mx::float32, stream), stream));
+  }
   const auto shapes = qkv_shapes(qkv, heads);
   return mx::array::make_arrays(shapes, std::vector<mx::Dtype>(shapes.size(), qkv.dtype()),
-                                std::make_shared<RopeQKV>(stream, params, heads), inputs);
+                                std::make_shared<RopeQKV>(stream, params, heads, norm, freq_factors.has_value()),
+                                inputs);
 }
 
 std::vector<mx::Shape> RopeQKV::output_shapes(const std::vector<mx::array>& inputs) {
-  std::optional<mx::array> factors;
-  if (inputs.size() > 2) factors = inputs[2];
-  check_shapes(inputs[0], inputs[1], heads_, params_, factors);
+  const auto o = optionals(inputs, has_factors_, norm_.on);
+  check_shapes(inputs[0], inputs[1], heads_, params_, o.factors, o.q_norm, o.k_norm);
   return qkv_shapes(inputs[0], heads_);
 }
 
 bool RopeQKV::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const RopeQKV&>(other);
-  return params_ == o.params_ && heads_ == o.heads_;
+  return params_ == o.params_ && heads_ == o.heads_ && norm_ == o.norm_ && has_factors_ == o.has_factors_;
 }
 
 std::vector<mx::array> RopeQKV::vjp(const std::vector<mx::array>& primals, const std::vector<mx::array>& cotangents,
                                     const std::vector<int>& argnums, const std::vector<mx::array>&) {
   check_no_positions(argnums);
-  const auto grads = mx::vjp(differentiable(params_, heads_, stream(), primals[1]), without_positions(primals),
-                             cotangents).second;
+  const auto f = without_positions(unfused(params_, heads_, norm_, has_factors_, stream()), primals[1]);
+  const auto grads = mx::vjp(f, without_positions(primals), cotangents).second;
   std::vector<mx::array> picked;
-  for (int arg : argnums) picked.push_back(grads[arg == 0 ? 0 : 1]);
+  for (int arg : argnums) picked.push_back(grads[index_without_positions(arg)]);
   return picked;
 }
 
@@ -161,14 +205,15 @@ std::vector<mx::array> RopeQKV::jvp(const std::vector<mx::array>& primals, const
   auto inputs = without_positions(primals);
   std::vector<mx::array> all;
   for (const auto& p : inputs) all.push_back(mx::zeros_like(p, stream()));
-  for (size_t i = 0; i < argnums.size(); ++i) all[argnums[i] == 0 ? 0 : 1] = tangents[i];
-  return mx::jvp(differentiable(params_, heads_, stream(), primals[1]), inputs, all).second;
+  for (size_t i = 0; i < argnums.size(); ++i) all[index_without_positions(argnums[i])] = tangents[i];
+  const auto f = without_positions(unfused(params_, heads_, norm_, has_factors_, stream()), primals[1]);
+  return mx::jvp(f, inputs, all).second;
 }
 
 std::pair<std::vector<mx::array>, std::vector<int>> RopeQKV::vmap(const std::vector<mx::array>& inputs,
                                                                   const std::vector<int>& axes) {
   const std::vector<int> out_axes(heads_.v ? 3 : 2, 0);
-  return {mx::vmap(unfused(params_, heads_, stream()), axes, out_axes)(inputs), out_axes};
+  return {mx::vmap(unfused(params_, heads_, norm_, has_factors_, stream()), axes, out_axes)(inputs), out_axes};
 }
 
 mx::array rope_qkv_buffer(const mx::array& qkv, QkvHeads heads) {

@@ -21,17 +21,28 @@ struct QkvHeads {
   bool operator==(const QkvHeads&) const = default;
 };
 
-// params.heads_first must be false (the outputs are heads-first by construction).
+// Qwen 3's and Gemma 3's per-head norms: every q head rms-normed with weight q_norm (D,), every k head with k_norm,
+// before the rotation.
+struct QkNorm {
+  bool on = false;
+  float eps = 1e-6f;
+  bool operator==(const QkNorm&) const = default;
+};
+
+// params.heads_first must be false (the outputs are heads-first by construction). q_norm and k_norm: both or
+// neither, float (D,) each, with norm_eps.
 std::vector<mx::array> rope_qkv(const mx::array& qkv, const mx::array& positions, QkvHeads heads,
                                 const RopeParams& params, const std::optional<mx::array>& freq_factors,
-                                mx::StreamOrDevice s = {});
+                                const std::optional<mx::array>& q_norm, const std::optional<mx::array>& k_norm,
+                                float norm_eps, mx::StreamOrDevice s = {});
 
 // Inputs: qkv (..., T, F) row-contiguous on a GPU, positions int32 (T,), optionally freq_factors float32
-// (n_dims/2,). Its transformations are the unfused graph's (reshape, split, RoPE, swapaxes), built from RoPE's.
+// (n_dims/2,), then with norm.on the float32 q and k norm weights (D,). Its transformations are the unfused
+// graph's (reshape, split, RMSNorm, RoPE, swapaxes), built from those ops' own.
 class RopeQKV : public mx::Primitive {
  public:
-  RopeQKV(mx::Stream stream, const RopeParams& params, QkvHeads heads)
-      : mx::Primitive(stream), params_(params), heads_(heads) {}
+  RopeQKV(mx::Stream stream, const RopeParams& params, QkvHeads heads, QkNorm norm, bool has_factors)
+      : mx::Primitive(stream), params_(params), heads_(heads), norm_(norm), has_factors_(has_factors) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
@@ -45,10 +56,15 @@ class RopeQKV : public mx::Primitive {
 
   const RopeParams& params() const { return params_; }
   QkvHeads heads() const { return heads_; }
+  QkNorm norm() const { return norm_; }
+  // How many of the inputs are rope's (qkv, positions[, freq_factors]); the norm weights follow.
+  size_t rope_inputs() const { return has_factors_ ? 3 : 2; }
 
  private:
   RopeParams params_;
   QkvHeads heads_;
+  QkNorm norm_;
+  bool has_factors_;
 };
 
 // For every backend's eval: the buffer the kernel writes, (..., T, Hq + Hk + Hv, D) of qkv's dtype (no data yet),

@@ -130,6 +130,7 @@ def rope_qkv(qkv: mx.array, positions: Union[mx.array, int], heads: int, kv_head
              mode: Union[str, int] = "normal", freq_base: float = 10000.0, freq_scale: float = 1.0,
              ext_factor: float = 0.0, attn_factor: float = 1.0, beta_fast: float = 32.0, beta_slow: float = 1.0,
              n_ctx_orig: int = 0, freq_factors: Optional[mx.array] = None, *, with_v: bool = True,
+             q_norm: Optional[mx.array] = None, k_norm: Optional[mx.array] = None, norm_eps: float = 1e-6,
              stream: Stream = None) -> Tuple[mx.array, ...]:
     """A fused q/k/v projection's output split into attention heads, q and k rotated by ``rope``: one op.
 
@@ -138,15 +139,21 @@ def rope_qkv(qkv: mx.array, positions: Union[mx.array, int], heads: int, kv_head
     layout: ``q (..., heads, T, D)``, ``k`` and ``v`` ``(..., kv_heads, T, D)``; q and k are ``rope`` of their
     heads with the same arguments (``positions`` int32 ``(T,)`` or an int offset, ``n_dims`` <= D, ``mode`` and
     the rest), v is copied. ``with_v=False``: qkv holds q and k only, ``(..., T, (heads + kv_heads) * D)``, and
-    ``(q, k)`` is returned (v a projection of its own). The numbers of reshape, split, ``rope`` and swapaxes, in
-    one kernel (CPU and CUDA; not on Metal yet: raises there), and one node in the graph instead of eleven. The
-    outputs are views of one buffer. Differentiable in qkv and freq_factors; supports vmap and mx.compile.
+    ``(q, k)`` is returned (v a projection of its own). ``q_norm`` and ``k_norm`` (both or neither, float ``(D,)``):
+    every q (k) head is first ``rms_norm``-ed over its D elements with that weight and ``norm_eps``, in float32
+    (Qwen 3's and Gemma 3's q/k norms). The numbers of reshape, split, ``rms_norm``, ``rope`` and swapaxes, in one
+    kernel (CPU and CUDA; not on Metal yet: raises there), and one node in the graph instead of eleven (fifteen
+    with the norms). The outputs are views of one buffer. Differentiable in qkv, freq_factors and the norm
+    weights; supports vmap and mx.compile.
     """
     _require_array("qkv", qkv)
     _require_int("heads", heads)
     _require_int("kv_heads", kv_heads)
     if not isinstance(with_v, bool):
         raise TypeError(f"with_v must be a bool, got {type(with_v).__name__}")
+    _require_array("q_norm", q_norm, optional=True)
+    _require_array("k_norm", k_norm, optional=True)
+    _require_float("norm_eps", norm_eps)
     positions, rest = _rope_arguments(positions, n_dims, mode, freq_base, freq_scale, ext_factor, attn_factor,
                                       beta_fast, beta_slow, n_ctx_orig, freq_factors)
     if not isinstance(positions, mx.array):
@@ -155,7 +162,8 @@ def rope_qkv(qkv: mx.array, positions: Union[mx.array, int], heads: int, kv_head
         if positions + qkv.shape[-2] > 2**31:
             raise ValueError(f"the positions offset {positions} + T ({qkv.shape[-2]}) overflows int32")
         positions = mx.arange(positions, positions + qkv.shape[-2], dtype=mx.int32)
-    return tuple(_ext.rope_qkv(qkv, positions, int(heads), int(kv_heads), *rest, with_v=with_v, stream=stream))
+    return tuple(_ext.rope_qkv(qkv, positions, int(heads), int(kv_heads), *rest, with_v=with_v, q_norm=q_norm,
+                               k_norm=k_norm, norm_eps=float(norm_eps), stream=stream))
 
 
 def dequantize(data: mx.array, ggml_type, shape, dtype: mx.Dtype = mx.float32, *,

@@ -75,7 +75,8 @@ class RopeArgs(ctypes.Structure):
                [(n, ctypes.c_int64) for n in ("batches", "tokens", "heads", "dim", "n_dims",
                                               "batches_per_positions_row", "batches_per_factors_row")] + \
                [(n, ctypes.c_float) for n in ("theta_scale", "freq_scale", "mscale", "sin_sign")] + \
-               [("copied_heads", ctypes.c_int64)]
+               [("copied_heads", ctypes.c_int64), ("q_norm", ctypes.c_void_p), ("k_norm", ctypes.c_void_p),
+                ("q_heads", ctypes.c_int64), ("norm_eps", ctypes.c_float)]
 
 
 class DequantizeArgs(ctypes.Structure):
@@ -313,6 +314,35 @@ def test_rope(kernels, ftype, mode, case, inverse, copied):
     expected = np.stack([reference.rope(xs[b], positions[b // (batches // pos_rows)], n_dims, mode,
                                         freq_factors=factors, inverse=inverse, **params) for b in range(batches)])
     expected[:, :, heads - copied:] = xs[:, :, heads - copied:]
+    err = np.max(np.abs(loaded(y, ftype) - expected))
+    assert err <= TOL[ftype] * np.max(np.abs(expected)), err
+
+
+@pytest.mark.parametrize("ftype", [F32, F16, BF16])
+@pytest.mark.parametrize("mode", ["normal", "neox"])
+@pytest.mark.parametrize("case", [(2, 3, 5, 128, 128), (1, 2, 4, 80, 32), (1, 3, 3, 18, 18)], ids=str)
+@pytest.mark.parametrize("in_place", [False, True])
+def test_rope_with_head_norms(kernels, ftype, mode, case, in_place):
+    """rope_qkv's per-head norms (Qwen 3 / Gemma 3): heads [0, q_heads) normed with q_norm, the other rotated heads
+    with k_norm, the last head copied (v), all before the rotation; also in place (rope_qkv's donated buffer)."""
+    batches, tokens, heads, dim, n_dims = case
+    rng = np.random.default_rng(40 + ftype + dim)
+    x = stored(rng.standard_normal((batches, tokens, heads, dim)) * 3, ftype)
+    positions = rng.integers(0, 30000, (1, tokens)).astype(np.int32)
+    qw, kw = (rng.uniform(0.5, 1.5, dim).astype(np.float32) for _ in range(2))
+    q_heads, eps = heads // 2, 1e-5
+    theta_scale, mscale, _ = rope_constants(n_dims, 10000.0, 1.0, 0.0, 1.0, 32.0, 1.0, 0)
+    xs = loaded(x, ftype)
+    y = x if in_place else np.zeros_like(x)
+    args = RopeArgs(ptr(x), ptr(y), ptr(positions), None, None, batches, tokens, heads, dim, n_dims, batches, batches,
+                    theta_scale, 1.0, mscale, 1.0, 1, ptr(qw), ptr(kw), q_heads, eps)
+    assert kernels.emulated_rope(args, ftype, int(mode == "neox")) == 0
+    rotated = xs[:, :, :heads - 1]
+    normed = rotated / np.sqrt(np.mean(rotated ** 2, axis=-1, keepdims=True) + eps)
+    normed = normed * np.where(np.arange(heads - 1) < q_heads, 1, 0)[:, None] * qw + \
+        normed * np.where(np.arange(heads - 1) < q_heads, 0, 1)[:, None] * kw
+    expected = xs.copy()
+    expected[:, :, :heads - 1] = np.stack([reference.rope(normed[b], positions[0], n_dims, mode) for b in range(batches)])
     err = np.max(np.abs(loaded(y, ftype) - expected))
     assert err <= TOL[ftype] * np.max(np.abs(expected)), err
 

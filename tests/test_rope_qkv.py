@@ -26,12 +26,18 @@ def device_with_a_kernel():
 YARN = dict(freq_scale=0.25, ext_factor=0.75, attn_factor=1.3, beta_fast=32.0, beta_slow=1.0, n_ctx_orig=4096)
 
 
-def expected_heads(qkv: np.ndarray, positions, heads, kv_heads, n_dims, mode, with_v=True, **kw):
-    """float64 q, k(, v) of the unfused math: reshape to (..., T, H, D), rope on q and k, heads first."""
+def expected_heads(qkv: np.ndarray, positions, heads, kv_heads, n_dims, mode, with_v=True, norms=None, eps=1e-6,
+                   **kw):
+    """float64 q, k(, v) of the unfused math: reshape to (..., T, H, D), rms-norm q and k per head with `norms`
+    (q weight, k weight) if given, rope on q and k, heads first."""
     total = heads + (2 if with_v else 1) * kv_heads
     x = qkv.reshape(qkv.shape[:-1] + (total, qkv.shape[-1] // total))
-    q = reference.rope(x[..., :heads, :], positions, n_dims, mode, **kw)
-    k = reference.rope(x[..., heads:heads + kv_heads, :], positions, n_dims, mode, **kw)
+    q, k = x[..., :heads, :], x[..., heads:heads + kv_heads, :]
+    if norms is not None:
+        q, k = (a / np.sqrt(np.mean(a * a, axis=-1, keepdims=True) + eps) * np.asarray(w, np.float64)
+                for a, w in zip((q, k), norms))
+    q = reference.rope(q, positions, n_dims, mode, **kw)
+    k = reference.rope(k, positions, n_dims, mode, **kw)
     return [np.swapaxes(a, -3, -2) for a in (q, k, x[..., heads + kv_heads:, :])[:3 if with_v else 2]]
 
 
@@ -96,6 +102,53 @@ def test_q_and_k_without_v(mode):
     assert grad.shape == qk.shape
     outs = mx.vmap(lambda a: ops.rope_qkv(a, mx.array(positions), 8, 2, 64, mode, with_v=False))(qk[None])
     check([o[0] for o in outs], qk, positions, 8, 2, 64, mode, with_v=False)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", [((1,), 1, 8, 2, 128, 128, "neox", True), ((2,), 5, 4, 1, 256, 256, "neox", False),
+                                  ((), 3, 2, 2, 80, 32, "normal", True)], ids=str)
+def test_per_head_norms(dtype, case):
+    """Qwen 3's / Gemma 3's q_norm and k_norm: each head rms-normed with its weight before the rotation (the
+    partial rotation's unrotated part normed too); v untouched."""
+    lead, tokens, heads, kv_heads, dim, n_dims, mode, with_v = case
+    rng = np.random.default_rng(tokens + dim)
+    qkv = random_array(rng, lead + (tokens, (heads + (2 if with_v else 1) * kv_heads) * dim), dtype, scale=3.0)
+    positions = rng.integers(0, 20_000, tokens).astype(np.int32)
+    norms = [rng.uniform(0.5, 1.5, dim).astype(np.float32) for _ in range(2)]
+    got = ops.rope_qkv(qkv, mx.array(positions), heads, kv_heads, n_dims, mode, with_v=with_v,
+                       q_norm=mx.array(norms[0]), k_norm=mx.array(norms[1]), norm_eps=1e-5)
+    check(got, qkv, positions, heads, kv_heads, n_dims, mode, dtype, with_v=with_v, norms=norms, eps=1e-5)
+    if dtype == mx.float32:  # and the unfused ops: rms_norm then rope
+        part = qkv.reshape(lead + (tokens, -1, dim))[..., :heads, :]
+        want = ops.rope(ops.rms_norm(part, mx.array(norms[0]), 1e-5), mx.array(positions), n_dims, mode)
+        np.testing.assert_allclose(np.array(got[0]), np.array(want.swapaxes(-3, -2)), rtol=0, atol=2e-5)
+
+
+def test_per_head_norm_gradients_and_vmap():
+    """The norm weights' vjp against finite differences of the float64 math; vmap with norms."""
+    rng = np.random.default_rng(15)
+    qkv = random_array(rng, (1, 2, (2 + 2 * 1) * 16), mx.float32)
+    positions = np.array([5, 77], np.int32)
+    qw, kw = (rng.uniform(0.5, 1.5, 16) for _ in range(2))
+    cot = [random_array(rng, s, mx.float32) for s in [(1, 2, 2, 16), (1, 1, 2, 16), (1, 1, 2, 16)]]
+    f = lambda a, q, k: ops.rope_qkv(a, mx.array(positions), 2, 1, 16, "neox", q_norm=q, k_norm=k)
+    _, (gx, gq, gk) = mx.vjp(f, [qkv, mx.array(qw.astype(np.float32)), mx.array(kw.astype(np.float32))], cot)
+
+    def loss(q, k):
+        outs = expected_heads(to_numpy(qkv), positions, 2, 1, 16, "neox", norms=(q, k))
+        return sum(np.sum(o * to_numpy(c)) for o, c in zip(outs, cot))
+    eps = 1e-5
+    for grad, which in ((gq, 0), (gk, 1)):
+        fd = []
+        for e in np.eye(16):
+            w = [qw, kw]
+            plus, minus = list(w), list(w)
+            plus[which], minus[which] = w[which] + eps * e, w[which] - eps * e
+            fd.append((loss(*plus) - loss(*minus)) / (2 * eps))
+        np.testing.assert_allclose(np.array(grad), fd, rtol=2e-3, atol=2e-3 * np.max(np.abs(fd)))
+    assert gx.shape == qkv.shape
+    outs = mx.vmap(lambda a: f(a, mx.array(qw.astype(np.float32)), mx.array(kw.astype(np.float32))))(qkv[None])
+    check([o[0] for o in outs], qkv, positions, 2, 1, 16, "neox", norms=(qw, kw))
 
 
 def test_the_same_numbers_as_ops_rope_and_an_int_offset():
@@ -242,6 +295,13 @@ def test_compile_shapeless_follows_the_token_count():
     (lambda: ops.rope_qkv(np.zeros((1, 2, 64)), 0, 2, 1, 16), TypeError, "qkv"),
     (lambda: ops.rope_qkv(mx.zeros((1, 2, 64)), 0, 2, 1, 16, with_v=False), ValueError, r"\(heads \+ kv_heads\)"),
     (lambda: ops.rope_qkv(mx.zeros((1, 2, 64)), 0, 2, 1, 16, with_v=1), TypeError, "with_v must be a bool"),
+    (lambda: ops.rope_qkv(mx.zeros((1, 2, 64)), 0, 2, 1, 16, q_norm=mx.ones((16,))), ValueError, "go together"),
+    (lambda: ops.rope_qkv(mx.zeros((1, 2, 64)), 0, 2, 1, 16, q_norm=mx.ones((8,)), k_norm=mx.ones((16,))), ValueError,
+     r"q_norm must have shape \(D,\) = \(16,\)"),
+    (lambda: ops.rope_qkv(mx.zeros((1, 2, 64)), 0, 2, 1, 16, q_norm=mx.ones((16,), mx.int32),
+                          k_norm=mx.ones((16,))), TypeError, "q_norm must be float32"),
+    (lambda: ops.rope_qkv(mx.zeros((1, 2, 64)), 0, 2, 1, 16, q_norm=mx.ones((16,)), k_norm=mx.ones((16,)),
+                          norm_eps=-1.0), ValueError, "norm_eps must be finite"),
 ], ids=lambda v: v if isinstance(v, str) else "")
 def test_bad_input_raises_clearly(call, error, match):
     with pytest.raises(error, match=match):

@@ -254,6 +254,19 @@ void rotate_head(const RopeArgs& a, const typename Fmt::T* x, Out& out, const fl
   }
 }
 
+// x's head rms-normed over its `dim` elements and multiplied by `weight`, into float32 `out`; the sum of squares in
+// double (ggml's rms_norm sums in ggml_float).
+template <class Fmt>
+void normed_head(const typename Fmt::T* x, const float* weight, const RopeArgs& a, float* out) {
+  double sum = 0.0;
+  for (int64_t k = 0; k < a.dim; ++k) {
+    const double v = Fmt::to_f32(x[k]);
+    sum += v * v;
+  }
+  const float scale = 1.0f / std::sqrt(static_cast<float>(sum / static_cast<double>(a.dim)) + a.norm_eps);
+  for (int64_t k = 0; k < a.dim; ++k) out[k] = Fmt::to_f32(x[k]) * scale * weight[k];
+}
+
 // Whether every head is whole vectors: its rotated part with no scalar tail and the
 // copied rest (dim - n_dims) in whole vectors, so a token row can be streamed
 // through an AlignedRowStream.
@@ -309,6 +322,7 @@ void rope_units(const RopeArgs& a, const Split& w, int64_t begin, int64_t end) {
   const int64_t rotated = a.heads - a.copied_heads;
   const bool copy_heads = (x != y || kOut == Output::staged) && a.copied_heads > 0;
   Scratch scratch(a);
+  std::vector<float> normed(a.q_norm ? a.dim : 0);
   std::vector<T> staged(kOut == Output::staged ? row : kOut == Output::streamed ? half : 0);
   for (int64_t u = begin; u < end; ++u) {
     const int64_t chunk = u % w.chunks;
@@ -345,6 +359,12 @@ void rope_units(const RopeArgs& a, const Split& w, int64_t begin, int64_t end) {
         T* yt = kOut == Output::staged ? staged.data() : y + token_offset;
         for (int64_t h = 0; h < rotated; ++h) {
           DirectOut<Fmt> out{yt + h * a.dim};
+          if (a.q_norm) {  // the head normed into float32 first, then rotated from there
+            normed_head<Fmt>(xt + h * a.dim, h < a.q_heads ? a.q_norm : a.k_norm, a, normed.data());
+            rotate_head<F32>(a, normed.data(), out, ct, st);
+            for (int64_t k = a.n_dims; k < a.dim; ++k) out.y[k] = Fmt::from_f32(normed[k]);
+            continue;
+          }
           rotate_head<Fmt>(a, xt + h * a.dim, out, ct, st);
           if (copy_rest) std::memcpy(out.y + a.n_dims, xt + h * a.dim + a.n_dims, (a.dim - a.n_dims) * sizeof(T));
         }
@@ -373,7 +393,8 @@ void rope(const RopeArgs& a) {
     // nothing and the joins' permutes do (f16/bf16 NEOX 8-14% slower streamed).
     const bool whole_f32_rows = std::is_same_v<Fmt, F32> && rows_are_whole_vectors(a) &&
                                 stream_row_supported(static_cast<const float*>(a.y));
-    const Output output = !stream ? Output::direct : whole_f32_rows ? Output::streamed : Output::staged;
+    // Normed heads go through the row-at-a-time paths (their float32 copy is rotated into the output).
+    const Output output = !stream ? Output::direct : whole_f32_rows && !a.q_norm ? Output::streamed : Output::staged;
     parallel_for(w.units, grain, [&](int64_t b, int64_t e) {
       switch (output) {
         case Output::direct: return rope_units<Fmt, Output::direct>(a, w, b, e);

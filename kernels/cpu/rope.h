@@ -38,6 +38,13 @@ struct RopeArgs {
   bool neox;
   RopeAngles angles;
   int64_t copied_heads = 0;
+  // With q_norm and k_norm (float32, dim each): every rotated head is first rms-normed over its dim elements and
+  // multiplied by the weight, q_norm for heads [0, q_heads) and k_norm for the others (Qwen 3's and Gemma 3's
+  // per-head q/k norms).
+  const float* q_norm = nullptr;
+  const float* k_norm = nullptr;
+  int64_t q_heads = 0;
+  float norm_eps = 0.0f;
 };
 
 void rope(const RopeArgs& args);

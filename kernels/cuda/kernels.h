@@ -71,6 +71,11 @@ struct RopeArgs {
   float mscale;
   float sin_sign;
   int64_t copied_heads = 0;  // the last heads of each token, copied unrotated (csrc/rope_qkv.h)
+  // Optional per-head rms norms before the rotation, as ggml_ext::cpu::RopeArgs's (device pointers).
+  const float* q_norm = nullptr;
+  const float* k_norm = nullptr;
+  int64_t q_heads = 0;
+  float norm_eps = 0.0f;
 };
 KernelLaunch rope_launch(const RopeArgs& args, FloatType type, bool neox);
 

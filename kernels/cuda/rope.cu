@@ -13,8 +13,9 @@ constexpr int kThreads = 256;
 template <typename T, bool kNeox, int kPairs>
 __global__ void __launch_bounds__(kThreads) rope_kernel(RopeArgs a) {
   const int64_t half = a.n_dims / 2;
-  float* cos_tab = dynamic_shared_memory<float>();  // cos[half], then sin[half]
+  float* cos_tab = dynamic_shared_memory<float>();  // cos[half], then sin[half], then each head's norm scale
   float* sin_tab = cos_tab + half;
+  float* head_scale = sin_tab + half;
   const int64_t bt = blockIdx.x;  // batch * tokens + token
   const int64_t batch = bt / a.tokens, token = bt % a.tokens;
 
@@ -37,12 +38,24 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(RopeArgs a) {
     cos_tab[i] = c * a.mscale;
     sin_tab[i] = s * sin_scale;
   }
-  __syncthreads();
-
   const T* x = static_cast<const T*>(a.x) + bt * a.heads * a.dim;
   T* y = static_cast<T*>(a.y) + bt * a.heads * a.dim;
-  const int64_t steps_per_head = half / kPairs;
   const int64_t rotated = a.heads - a.copied_heads;
+  if (a.q_norm) {  // one warp per head: 1 / rms of its dim elements
+    const int lane = threadIdx.x % 32;
+    for (int64_t h = threadIdx.x / 32; h < rotated; h += blockDim.x / 32) {
+      float sum = 0.0f;
+      for (int64_t k = lane; k < a.dim; k += 32) {
+        const float v = to_float(x[h * a.dim + k]);
+        sum += v * v;
+      }
+      for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+      if (lane == 0) head_scale[h] = 1.0f / sqrtf(sum / static_cast<float>(a.dim) + a.norm_eps);
+    }
+  }
+  __syncthreads();
+
+  const int64_t steps_per_head = half / kPairs;
   for (int64_t u = threadIdx.x; u < rotated * steps_per_head; u += blockDim.x) {
     const int64_t row = (u / steps_per_head) * a.dim;
     const int64_t i0 = (u % steps_per_head) * kPairs;
@@ -55,6 +68,17 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(RopeArgs a) {
       load(x + row + 2 * i0, both);
 #pragma unroll
       for (int j = 0; j < kPairs; ++j) first[j] = both[2 * j], second[j] = both[2 * j + 1];
+    }
+    if (a.q_norm) {
+      const int64_t h = u / steps_per_head;
+      const float* w = h < a.q_heads ? a.q_norm : a.k_norm;
+      const float scale = head_scale[h];
+#pragma unroll
+      for (int j = 0; j < kPairs; ++j) {
+        const int64_t e0 = kNeox ? i0 + j : 2 * (i0 + j), e1 = kNeox ? i0 + j + half : 2 * (i0 + j) + 1;
+        first[j] = first[j] * scale * w[e0];
+        second[j] = second[j] * scale * w[e1];
+      }
     }
 #pragma unroll
     for (int j = 0; j < kPairs; ++j) {
@@ -73,15 +97,20 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(RopeArgs a) {
       store(y + row + 2 * i0, both);
     }
   }
-  if (x == y) return;
-  // Dimensions [n_dims, dim) pass through (partial rotation), and the copied heads whole.
+  // Dimensions [n_dims, dim) pass through (partial rotation), normed where the heads are, and the copied heads
+  // whole.
   const int64_t rest = a.dim - a.n_dims;
-  if (rest > 0) {
+  if (rest > 0 && (x != y || a.q_norm)) {
     for (int64_t e = threadIdx.x; e < rotated * rest; e += blockDim.x) {
-      const int64_t at = (e / rest) * a.dim + a.n_dims + e % rest;
-      y[at] = x[at];
+      const int64_t h = e / rest, k = a.n_dims + e % rest, at = h * a.dim + k;
+      if (a.q_norm) {
+        y[at] = from_float<T>(to_float(x[at]) * head_scale[h] * (h < a.q_heads ? a.q_norm : a.k_norm)[k]);
+      } else {
+        y[at] = x[at];
+      }
     }
   }
+  if (x == y) return;
   for (int64_t e = rotated * a.dim + threadIdx.x; e < a.heads * a.dim; e += blockDim.x) y[e] = x[e];
 }
 
@@ -96,7 +125,7 @@ KernelLaunch rope_launch_typed(const RopeArgs& a) {
                     : reinterpret_cast<const void*>(&rope_kernel<T, kNeox, 1>);
   l.grid = dim3(static_cast<unsigned>(a.batches * a.tokens));
   l.block = dim3(kThreads);
-  l.shared_bytes = static_cast<unsigned>(a.n_dims * sizeof(float));
+  l.shared_bytes = static_cast<unsigned>((a.n_dims + (a.q_norm ? a.heads - a.copied_heads : 0)) * sizeof(float));
   return l;
 }
 

@@ -6,8 +6,9 @@ twelve graph nodes a layer. A decode token's time is mostly per-node host time o
 every node) and a noticeable part of it on the CPU, so the layer's call here takes the stacked product and one
 rope_qkv node instead; the rest is as mlx-lm writes it (the cache update, its module's attention function, o_proj).
 
-It applies where the attention is one of the classes below (their calls are that same math), its rope a plain
-GGMLRoPE and its q and k (and v) one product in that order: v can be a product of its own (a Q4_K_M file's v
+It applies where the attention is one of the classes below (their calls are that same math; Qwen 3's and Gemma 3's
+with a norm of each q and k head first, which the op takes too), its rope a plain GGMLRoPE and its q and k (and v)
+one product in that order: v can be a product of its own (a Q4_K_M file's v
 weights often have another block type than q and k). The call checks per call that the projections are still those
 (a LoRA layer put in their place afterwards takes mlx-lm's call again), and falls back to mlx-lm's call on Metal
 (no rope_qkv kernel there) and for per-sequence cache offsets (batched caches).
@@ -19,15 +20,20 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .. import _ext
+from ..nn import GGMLRMSNorm
 from .projections import ProjectionSlice
 from .rope import GGMLRoPE
 
-# The attention classes whose call is the math above, with the names of their head counts.
-HEAD_COUNTS = {
-    ("mlx_lm.models.llama", "Attention"): ("n_heads", "n_kv_heads"),
-    ("mlx_lm.models.qwen2", "Attention"): ("n_heads", "n_kv_heads"),
-    ("mlx_lm.models.mixtral", "MixtralAttention"): ("num_heads", "num_key_value_heads"),
-    ("mlx_lm.models.phi3", "Attention"): ("n_heads", "n_kv_heads"),
+# The attention classes whose call is the math above, with the names of their head counts and whether they norm
+# each q and k head (q_norm, k_norm) before the rotation.
+ATTENTION_CLASSES = {
+    ("mlx_lm.models.llama", "Attention"): ("n_heads", "n_kv_heads", False),
+    ("mlx_lm.models.qwen2", "Attention"): ("n_heads", "n_kv_heads", False),
+    ("mlx_lm.models.mixtral", "MixtralAttention"): ("num_heads", "num_key_value_heads", False),
+    ("mlx_lm.models.phi3", "Attention"): ("n_heads", "n_kv_heads", False),
+    ("mlx_lm.models.qwen3", "Attention"): ("n_heads", "n_kv_heads", True),
+    ("mlx_lm.models.qwen3_moe", "Attention"): ("n_heads", "n_kv_heads", True),
+    ("mlx_lm.models.gemma3_text", "Attention"): ("n_heads", "n_kv_heads", True),
 }
 _METAL_BUILD = _ext.gpu_backend() == "metal"
 
@@ -55,8 +61,12 @@ def _call(self, x: mx.array, mask=None, cache=None) -> mx.array:
     B, L, _ = x.shape
     rope, (heads, kv_heads) = self["rope"], self._rope_qkv_heads
     # Arguments valid by construction (checked at install): the extension directly.
+    norms = {}
+    if self._rope_qkv_normed:
+        q_norm, k_norm = self["q_norm"], self["k_norm"]
+        norms = dict(q_norm=q_norm["weight"], k_norm=k_norm["weight"], norm_eps=q_norm.eps)
     out = _ext.rope_qkv(self[name](x), GGMLRoPE._positions(offset, L), heads, kv_heads, rope.dims, rope._mode,
-                        rope.base, rope.scale, with_v=with_v)
+                        rope.base, rope.scale, with_v=with_v, **norms)
     q, k = out[0], out[1]
     # One token: (B, 1, H, D) and (B, H, 1, D) are the same row-major array, so one reshape does a reshape and a
     # transpose (one graph node instead of two).
@@ -78,22 +88,29 @@ _classes: dict = {}
 def use_rope_qkv(attention: nn.Module, attention_fn) -> bool:
     """Gives `attention` the call above where it applies (True); `attention_fn(q, k, v, cache, scale, mask)` is the
     attention of its module (models/fused.py's dispatching one)."""
-    counts = HEAD_COUNTS.get((type(attention).__module__, type(attention).__name__))
+    known = ATTENTION_CLASSES.get((type(attention).__module__, type(attention).__name__))
     plan = _product_plan(attention)
-    if counts is None or plan is None or type(attention.get("rope")) is not GGMLRoPE:
+    if known is None or plan is None or type(attention.get("rope")) is not GGMLRoPE:
         return False
-    heads, kv_heads = (int(getattr(attention, c)) for c in counts)
+    heads, kv_heads = (int(getattr(attention, c)) for c in known[:2])
     name, kept, with_v = plan
     total = heads + kv_heads * (2 if with_v else 1)
     width = getattr(attention[name], "output_dims", None)
     if not isinstance(width, int) or width % total or (width // total) % 2 or attention.rope.dims > width // total:
         return False
+    normed = known[2]
+    if normed:  # the package's norms, with weights of the head size and one epsilon
+        norms = [attention.get("q_norm"), attention.get("k_norm")]
+        if not all(isinstance(n, GGMLRMSNorm) and "weight" in n and tuple(n.weight.shape) == (width // total,)
+                   for n in norms) or norms[0].eps != norms[1].eps:
+            return False
     cls = type(attention)
     if cls not in _classes:
         _classes[cls] = type(cls.__name__, (cls,), {"__call__": _call})
     attention.__class__ = _classes[cls]
     # Plain attributes, not child modules (the projections are registered under their own names already).
     for key, value in (("_rope_qkv_plan", plan), ("_rope_qkv_heads", (heads, kv_heads)),
+                       ("_rope_qkv_normed", normed),
                        ("_rope_qkv_names", ("qkv_proj",) if name == "qkv_proj" else ("q_proj", "k_proj", "v_proj")),
                        ("_rope_qkv_attention", attention_fn)):
         object.__setattr__(attention, key, value)

@@ -6,10 +6,18 @@
 namespace mlx_ggml_ext {
 namespace {
 
-// Queues the kernel on the stream: inputs (x, positions[, freq_factors]) laid out as `e` says, into `out` (which
-// has its memory, x's own when donated); the last `copied_heads` heads of every token copied unrotated.
+// rope_qkv's per-head norms: the weights (float32) after rope's inputs, the q heads' count and the epsilon.
+struct HeadNorms {
+  size_t first_input = 0;  // 0: none
+  int64_t q_heads = 0;
+  float eps = 0.0f;
+};
+
+// Queues the kernel on the stream: inputs (x, positions[, freq_factors][, q_norm, k_norm]) laid out as `e` says,
+// into `out` (which has its memory, x's own when donated); the last `copied_heads` heads of every token copied
+// unrotated.
 void run_rope(const RopeParams& p, bool inverse, const std::vector<mx::array>& inputs, const RopeExtent& e,
-              mx::array& out, int64_t copied_heads, mx::Stream stream) {
+              mx::array& out, int64_t copied_heads, mx::Stream stream, HeadNorms norms = {}) {
   // Lives until the task has run.
   auto ramp = std::make_shared<const std::vector<float>>(rope_ramp(p));
   auto& enc = mx::cpu::get_command_encoder(stream);
@@ -17,11 +25,12 @@ void run_rope(const RopeParams& p, bool inverse, const std::vector<mx::array>& i
   for (const auto& in : inputs) rows.push_back(row_major_input(in, enc));
   for (const auto& in : rows) enc.set_input_array(in);
   enc.set_output_array(out);
+  const bool has_factors = (norms.first_input ? norms.first_input : rows.size()) > 2;
   ggml_ext::cpu::RopeArgs args{rows[0].data<void>(),
                                out.data<void>(),
                                float_type(out.dtype()),
                                rows[1].data<int32_t>(),
-                               rows.size() > 2 ? rows[2].data<float>() : nullptr,
+                               has_factors ? rows[2].data<float>() : nullptr,
                                ramp->empty() ? nullptr : ramp->data(),
                                e.batches,
                                e.tokens,
@@ -32,7 +41,11 @@ void run_rope(const RopeParams& p, bool inverse, const std::vector<mx::array>& i
                                e.batches_per_factors,
                                p.mode == RopeMode::neox,
                                rope_angles(p, inverse),
-                               copied_heads};
+                               copied_heads,
+                               norms.first_input ? rows[norms.first_input].data<float>() : nullptr,
+                               norms.first_input ? rows[norms.first_input + 1].data<float>() : nullptr,
+                               norms.q_heads,
+                               norms.eps};
   enc.dispatch([args, ramp] { ggml_ext::cpu::rope(args); });
 }
 
@@ -50,9 +63,11 @@ void RopeQKV::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::arr
   auto buffer = rope_qkv_buffer(inputs[0], heads_);
   allocate_like_or_donate(inputs[0], buffer);
   if (buffer.size() > 0) {
-    std::vector<mx::array> as_heads = inputs;  // the extent of qkv read as (..., T, Hq + Hk + Hv, D)
+    // the extent of qkv read as (..., T, Hq + Hk + Hv, D)
+    std::vector<mx::array> as_heads(inputs.begin(), inputs.begin() + rope_inputs());
     as_heads[0] = buffer;
-    run_rope(params_, false, inputs, rope_extent(as_heads, params_), buffer, heads_.v, stream());
+    const HeadNorms norms = norm_.on ? HeadNorms{rope_inputs(), heads_.q, norm_.eps} : HeadNorms{};
+    run_rope(params_, false, inputs, rope_extent(as_heads, params_), buffer, heads_.v, stream(), norms);
   }
   rope_qkv_views(buffer, heads_, outputs);
 }

@@ -46,7 +46,10 @@ namespace {
 // Launches the kernel on inputs (x, positions[, freq_factors]) laid out as `e` says, into `out` (registered,
 // with its memory); the last `copied_heads` heads of every token copied unrotated.
 void launch_rope(mx::cu::CommandEncoder& enc, const RopeParams& p, bool inverse, const std::vector<mx::array>& inputs,
-                 const RopeExtent& e, mx::array& out, int64_t copied_heads) {
+                 const RopeExtent& e, mx::array& out, int64_t copied_heads, const RopeQKV* qkv = nullptr) {
+  // rope_qkv's per-head norm weights follow rope's inputs (qkv, positions[, freq_factors]).
+  const size_t norms = qkv && qkv->norm().on ? qkv->rope_inputs() : 0;
+  const bool has_factors = qkv ? qkv->rope_inputs() > 2 : inputs.size() > 2;
   const auto ramp = rope_ramp(p);
   const float* ramp_data = nullptr;
   if (!ramp.empty()) ramp_data = mx::gpu_ptr<float>(cuda::device_constants(enc, ramp));
@@ -54,7 +57,7 @@ void launch_rope(mx::cu::CommandEncoder& enc, const RopeParams& p, bool inverse,
   kc::RopeArgs args{mx::gpu_ptr<void>(inputs[0]),
                     mx::gpu_ptr<void>(out),
                     mx::gpu_ptr<int32_t>(inputs[1]),
-                    inputs.size() > 2 ? mx::gpu_ptr<float>(inputs[2]) : nullptr,
+                    has_factors ? mx::gpu_ptr<float>(inputs[2]) : nullptr,
                     ramp_data,
                     e.batches,
                     e.tokens,
@@ -67,7 +70,11 @@ void launch_rope(mx::cu::CommandEncoder& enc, const RopeParams& p, bool inverse,
                     angles.freq_scale,
                     angles.mscale,
                     angles.sin_sign,
-                    copied_heads};
+                    copied_heads,
+                    norms ? mx::gpu_ptr<float>(inputs[norms]) : nullptr,
+                    norms ? mx::gpu_ptr<float>(inputs[norms + 1]) : nullptr,
+                    qkv ? qkv->heads().q : 0,
+                    qkv ? qkv->norm().eps : 0.0f};
   cuda::launch(enc, kc::rope_launch(args, float_type(out.dtype()), p.mode == RopeMode::neox), args);
 }
 
@@ -87,9 +94,10 @@ void RopeQKV::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::arr
   auto buffer = rope_qkv_buffer(inputs[0], heads_);
   auto& enc = cuda::begin(stream(), inputs, buffer, &inputs[0]);
   if (buffer.size() > 0) {
-    std::vector<mx::array> as_heads = inputs;  // the extent of qkv read as (..., T, Hq + Hk + Hv, D)
+    // the extent of qkv read as (..., T, Hq + Hk + Hv, D)
+    std::vector<mx::array> as_heads(inputs.begin(), inputs.begin() + rope_inputs());
     as_heads[0] = buffer;
-    launch_rope(enc, params_, false, inputs, rope_extent(as_heads, params_), buffer, heads_.v);
+    launch_rope(enc, params_, false, inputs, rope_extent(as_heads, params_), buffer, heads_.v, this);
   }
   rope_qkv_views(buffer, heads_, outputs);
 }
