@@ -11,11 +11,20 @@ namespace {
 
 constexpr const char* kOp = "rope_qkv";
 
-int total_heads(QkvHeads h) { return h.q + h.k + h.v; }
+// int64: three int counts' sum (checked against qkv's last axis before any shape uses it).
+int64_t total_heads(QkvHeads h) { return static_cast<int64_t>(h.q) + h.k + h.v; }
+
+// qkv (..., T, F) read as (..., T, H, D); the inputs fit (checked).
+mx::Shape heads_shape(const mx::array& qkv, QkvHeads heads) {
+  mx::Shape shape(qkv.shape().begin(), qkv.shape().end() - 1);
+  const int64_t total = total_heads(heads);
+  shape.insert(shape.end(), {static_cast<int>(total), static_cast<int>(qkv.shape(-1) / total)});
+  return shape;
+}
 
 // Shapes of q, k, v for qkv (..., T, F); the inputs fit (checked).
 std::vector<mx::Shape> qkv_shapes(const mx::array& qkv, QkvHeads heads) {
-  const int tokens = qkv.shape(-2), dim = qkv.shape(-1) / total_heads(heads);
+  const int tokens = qkv.shape(-2), dim = static_cast<int>(qkv.shape(-1) / total_heads(heads));
   mx::Shape lead(qkv.shape().begin(), qkv.shape().end() - 2);
   std::vector<mx::Shape> shapes;
   for (int h : {heads.q, heads.k, heads.v}) {
@@ -83,9 +92,7 @@ std::function<std::vector<mx::array>(const std::vector<mx::array>&)> unfused(con
                                                                             mx::Stream s) {
   return [p, heads, norm, has_factors, s](const std::vector<mx::array>& in) {
     const auto& qkv = in[0];
-    mx::Shape shape(qkv.shape().begin(), qkv.shape().end() - 1);
-    shape.insert(shape.end(), {total_heads(heads), qkv.shape(-1) / total_heads(heads)});
-    const auto heads_of = mx::reshape(qkv, shape, s);
+    const auto heads_of = mx::reshape(qkv, heads_shape(qkv, heads), s);
     auto parts = heads.v ? mx::split(heads_of, mx::Shape{heads.q, heads.q + heads.k}, -2, s)
                          : mx::split(heads_of, mx::Shape{heads.q}, -2, s);
     const auto o = optionals(in, has_factors, norm.on);
@@ -123,7 +130,8 @@ int index_without_positions(int arg) { return arg == 0 ? 0 : arg - 1; }
 
 void check_no_positions(const std::vector<int>& argnums) {
   if (std::find(argnums.begin(), argnums.end(), 1) != argnums.end()) {
-    throw std::invalid_argument(cat("[", kOp, "] positions are integers: there is no derivative with respect to them."));
+    throw std::invalid_argument(
+        cat("[", kOp, "] positions are integers: there is no derivative with respect to them."));
   }
 }
 
@@ -217,9 +225,7 @@ std::pair<std::vector<mx::array>, std::vector<int>> RopeQKV::vmap(const std::vec
 }
 
 mx::array rope_qkv_buffer(const mx::array& qkv, QkvHeads heads) {
-  mx::Shape shape(qkv.shape().begin(), qkv.shape().end() - 1);
-  shape.insert(shape.end(), {total_heads(heads), qkv.shape(-1) / total_heads(heads)});
-  return mx::array(shape, qkv.dtype(), nullptr, {});
+  return mx::array(heads_shape(qkv, heads), qkv.dtype(), nullptr, {});
 }
 
 void rope_qkv_views(const mx::array& buffer, QkvHeads heads, std::vector<mx::array>& outputs) {

@@ -342,7 +342,8 @@ def test_rope_with_head_norms(kernels, ftype, mode, case, in_place):
     normed = normed * np.where(np.arange(heads - 1) < q_heads, 1, 0)[:, None] * qw + \
         normed * np.where(np.arange(heads - 1) < q_heads, 0, 1)[:, None] * kw
     expected = xs.copy()
-    expected[:, :, :heads - 1] = np.stack([reference.rope(normed[b], positions[0], n_dims, mode) for b in range(batches)])
+    expected[:, :, :heads - 1] = np.stack([reference.rope(normed[b], positions[0], n_dims, mode)
+                                           for b in range(batches)])
     err = np.max(np.abs(loaded(y, ftype) - expected))
     assert err <= TOL[ftype] * np.max(np.abs(expected)), err
 

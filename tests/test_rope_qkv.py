@@ -278,8 +278,10 @@ def test_compile_shapeless_follows_the_token_count():
 # ----------------------------------------------------------------------------- bad input
 
 @pytest.mark.parametrize("call, error, match", [
-    (lambda: ops.rope_qkv(mx.zeros((1, 2, 64), mx.int32), 0, 2, 1, 16), TypeError, "qkv must be float32, float16 or bfloat16"),
-    (lambda: ops.rope_qkv(mx.zeros((1, 2, 62)), 0, 2, 1, 16), ValueError, r"not a multiple of \(heads \+ 2\*kv_heads\)"),
+    (lambda: ops.rope_qkv(mx.zeros((1, 2, 64), mx.int32), 0, 2, 1, 16), TypeError,
+     "qkv must be float32, float16 or bfloat16"),
+    (lambda: ops.rope_qkv(mx.zeros((1, 2, 62)), 0, 2, 1, 16), ValueError,
+     r"not a multiple of \(heads \+ 2\*kv_heads\)"),
     (lambda: ops.rope_qkv(mx.zeros((1, 2, 4 * 15)), 0, 2, 1, 14), ValueError, "must be even"),
     (lambda: ops.rope_qkv(mx.zeros((1, 2, 64)), 0, 2, 1, 32), ValueError, "n_dims must be even and in"),
     (lambda: ops.rope_qkv(mx.zeros((1, 2, 64)), 0, 0, 1, 16), ValueError, "heads and kv_heads must be > 0"),
