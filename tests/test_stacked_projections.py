@@ -4,6 +4,7 @@ slices, and mlx-lm's LoRA conversion of a slice."""
 
 import gguf
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 import pytest
 
@@ -80,3 +81,19 @@ def test_lora_takes_a_slice_out_of_its_stack(files):
     # LoRA's second matrix starts at zero: the same logits, with q and v now computed alone
     assert _rel_max(_logits(model, TOKENS), before) < 1e-5
     assert attention.k_proj._product.x is None  # k, the one slice still reading the stack, released it
+
+
+def test_slices_read_the_product_module_in_place_now(files):
+    """A stacked product replaced after load (update_modules, as MLX's nn.quantize does) is the one the slices
+    read: here a float Linear of twice the stacked weight gives twice each slice's columns."""
+    path, _, _ = files["llama-mixed"]
+    model, _ = models.load(path, tokenizer=False)
+    attention = model.layers[0].self_attn
+    x = mx.random.normal((1, 3, attention.fused_proj.input_dims), key=mx.random.key(4))
+    before = [np.array(attention[n](x)) for n in ("q_proj", "k_proj")]
+    doubled = nn.Linear(attention.fused_proj.input_dims, attention.fused_proj.output_dims, bias=False)
+    doubled.weight = 2 * attention.fused_proj.tensor.dequantize(mx.float32)
+    attention.update_modules({"fused_proj": doubled})
+    for name, old in zip(("q_proj", "k_proj"), before):
+        # the stacked x is rounded to int8 blocks in the old product, not in the float one: about 1% apart
+        np.testing.assert_allclose(np.array(attention[name](x)), 2 * old, rtol=0, atol=0.05 * np.abs(2 * old).max())

@@ -55,13 +55,19 @@ class _StackedProduct:
     """The stacked product of one x, shared by the ProjectionSlices of a layer (not a module: the stacked
     GGMLLinear is registered once, in the attention module)."""
 
-    def __init__(self, linear: GGMLLinear, sizes: List[int]):
-        self.linear = linear
+    def __init__(self, owner: nn.Module, name: str, sizes: List[int]):
+        self._owner, self._name = owner, name
         self.starts = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
         self.consumers = len(sizes)  # the slices that still read the product (to_lora takes one out)
         self.x: Optional[mx.array] = None
         self.parts: Optional[list] = None
         self.pending = 0
+
+    @property
+    def linear(self) -> nn.Module:
+        # Looked up in the owning module at every use, not kept: a product module replaced after load (MLX's
+        # nn.quantize, update_modules) is the one the slices read (a kept reference went on reading the old one).
+        return self._owner[self._name]
 
     def part(self, index: int, x: mx.array) -> mx.array:
         # mlx-lm calls q_proj(x), k_proj(x), v_proj(x) with the same array object: the first call computes the
@@ -124,6 +130,6 @@ def stack_attention_projections(attention: nn.Module) -> None:
     if not stackable(layers):
         return
     attention.fused_proj = stack_linears(layers)
-    product = _StackedProduct(attention.fused_proj, [layer.output_dims for layer in layers])
+    product = _StackedProduct(attention, "fused_proj", [layer.output_dims for layer in layers])
     for index, (name, layer) in enumerate(zip(group, layers)):
         attention[name] = ProjectionSlice(product, index, layer.output_dims)
