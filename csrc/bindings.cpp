@@ -18,6 +18,7 @@
 #include "csrc/quantized_matmul.h"
 #include "csrc/rms_norm.h"
 #include "csrc/rope.h"
+#include "csrc/kv_cache.h"
 #include "csrc/rope_qkv.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/parallel.h"
@@ -159,6 +160,12 @@ NB_MODULE(_ext, m) {
         "qkv (..., T, (heads + 2*kv_heads) * D) -> [q (..., heads, T, D), k and v (..., kv_heads, T, D)]; q and k\n"
         "rotated as rope with positions int32 (T,). with_v=False: qkv holds q and k only -> [q, k]. q_norm, k_norm\n"
         "(D,): each q / k head rms-normed with them first.");
+
+  m.def("kv_cache_append", &kv_cache_append, "cache"_a, "rows"_a, "offset"_a, "step"_a = 256, nb::kw_only(),
+        "stream"_a = nb::none(),
+        "cache (B, H, R, D), rows (B, H, T, D) -> concatenate([cache[:, :, :offset], rows], axis=2), written into\n"
+        "the cache's own buffer where MLX lets it be donated and it has room, else into one of offset + T rows\n"
+        "rounded up to step.");
 
   m.def("glu",
         [](const mx::array& gate, const std::optional<mx::array>& up, const std::string& kind,

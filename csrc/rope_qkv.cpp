@@ -135,26 +135,6 @@ void check_no_positions(const std::vector<int>& argnums) {
   }
 }
 
-// MLX's flags of a view with these strides over `data_size` elements.
-mx::array::Flags view_flags(const mx::Shape& shape, const mx::Strides& strides, size_t data_size) {
-  bool row = true, col = true;
-  int64_t expected = 1;
-  for (int i = static_cast<int>(shape.size()) - 1; i >= 0; --i) {
-    if (shape[i] != 1 && strides[i] != expected) row = false;
-    expected *= shape[i];
-  }
-  expected = 1;
-  for (size_t i = 0; i < shape.size(); ++i) {
-    if (shape[i] != 1 && strides[i] != expected) col = false;
-    expected *= shape[i];
-  }
-  mx::array::Flags flags{};
-  flags.row_contiguous = row;
-  flags.col_contiguous = col;
-  flags.contiguous = static_cast<size_t>(expected) == data_size;
-  return flags;
-}
-
 }  // namespace
 
 std::vector<mx::array> rope_qkv(const mx::array& qkv, const mx::array& positions, QkvHeads heads,

@@ -73,6 +73,25 @@ void allocate_like_or_donate(const mx::array& in, mx::array& out) {
   if (!donate(in, out)) out.set_data(mx::allocator::malloc(out.nbytes()));
 }
 
+mx::array::Flags view_flags(const mx::Shape& shape, const mx::Strides& strides, size_t data_size) {
+  bool row = true, col = true;
+  int64_t expected = 1;
+  for (int i = static_cast<int>(shape.size()) - 1; i >= 0; --i) {
+    if (shape[i] != 1 && strides[i] != expected) row = false;
+    expected *= shape[i];
+  }
+  expected = 1;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] != 1 && strides[i] != expected) col = false;
+    expected *= shape[i];
+  }
+  mx::array::Flags flags{};
+  flags.row_contiguous = row;
+  flags.col_contiguous = col;
+  flags.contiguous = static_cast<size_t>(expected) == data_size;
+  return flags;
+}
+
 const char* gpu_backend() { return MLX_GGML_EXT_GPU_BACKEND; }
 
 void throw_no_gpu_kernel(const char* primitive) {

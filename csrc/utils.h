@@ -63,6 +63,9 @@ bool donate(const mx::array& in, mx::array& out);
 // buffer when MLX allows donating it, else a fresh allocation.
 void allocate_like_or_donate(const mx::array& in, mx::array& out);
 
+// MLX's flags of a view with these strides over `data_size` elements of its buffer.
+mx::array::Flags view_flags(const mx::Shape& shape, const mx::Strides& strides, size_t data_size);
+
 // "cuda", "metal" or "cpu": the GPU backend this build was compiled for.
 const char* gpu_backend();
 

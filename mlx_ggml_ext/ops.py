@@ -372,3 +372,30 @@ def mul_mat_id(w: Union[GGMLTensor, mx.array], x: mx.array, ids: mx.array, *, ch
 
 
 __all__ += ["mul_mat_id"]
+
+
+def kv_cache_append(cache: mx.array, rows: mx.array, offset: int, step: int = 256, *,
+                    stream: Stream = None) -> mx.array:
+    """An attention cache with new rows: ``concatenate([cache[:, :, :offset], rows], axis=2)``, one op that copies
+    only the new rows where it can.
+
+    ``cache`` ``(B, H, R, D)`` and ``rows`` ``(B, H, T, D)`` (float32/float16/bfloat16; rows converted to the
+    cache's dtype), ``0 <= offset <= R``. Returns ``(B, H, offset + T, D)``, a view of a buffer with room for more
+    rows: the cache's own when nothing else holds it (MLX lets it be donated: keep only the returned array, as
+    with MLX's slice assignment) and its buffer has room, else a new one of ``offset + T`` rows rounded up to
+    ``step``. So appending to what it returned writes only the new rows, one graph node where mlx-lm's KVCache
+    builds two (a slice update and a slice). CPU and CUDA (not on Metal yet: raises there). Differentiable in both
+    arrays; supports vmap and mx.compile.
+    """
+    _require_array("cache", cache)
+    _require_array("rows", rows)
+    _require_int("offset", offset)
+    _require_int("step", step)
+    if not 0 <= offset < 2**31:
+        raise ValueError(f"offset must be in [0, 2**31), got {offset}")
+    if not 0 < step < 2**31:
+        raise ValueError(f"step must be in [1, 2**31), got {step}")
+    return _ext.kv_cache_append(cache, rows, int(offset), int(step), stream=stream)
+
+
+__all__ += ["kv_cache_append"]

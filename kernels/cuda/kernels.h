@@ -8,6 +8,7 @@
 
 #include <cuda_runtime.h>
 
+#include "kernels/common/rows_copy.h"
 #include "kernels/cpu/types.h"
 
 namespace ggml_ext::cuda {
@@ -193,5 +194,9 @@ struct AttentionPlan {
   int64_t workspace_bytes = 0;
 };
 AttentionPlan attention_plan(AttentionArgs& args, FloatType type);
+
+// A key/value cache's rows written (kernels/common/rows_copy.h), copy[i] by the blocks of grid.y == i;
+// kernel == nullptr for an element size other than 2 or 4 bytes.
+KernelLaunch rows_copy_launch(const ggml_ext::RowsCopies& args);
 
 }  // namespace ggml_ext::cuda

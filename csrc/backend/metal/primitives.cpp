@@ -7,6 +7,7 @@
 #include "csrc/backend/metal/metal_kernel.h"
 #include "csrc/dequantize.h"
 #include "csrc/ggml_types.h"
+#include "csrc/kv_cache.h"
 #include "csrc/quantize.h"
 #include "csrc/quantized_matmul.h"
 #include "csrc/rms_norm.h"
@@ -170,5 +171,8 @@ MLX_GGML_EXT_NO_GPU_KERNEL(Quantize)
 void RopeQKV::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
   throw_no_gpu_kernel("RopeQKV");
 }
+
+// No Metal kernel for the cache update yet (the models keep mlx-lm's cache update on Metal, as its attention).
+MLX_GGML_EXT_NO_GPU_KERNEL(KVCacheAppend)
 
 }  // namespace mlx_ggml_ext

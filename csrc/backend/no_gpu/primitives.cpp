@@ -7,6 +7,7 @@
 #include "csrc/quantized_matmul.h"
 #include "csrc/rms_norm.h"
 #include "csrc/rope.h"
+#include "csrc/kv_cache.h"
 #include "csrc/rope_qkv.h"
 
 namespace mlx_ggml_ext {
@@ -19,6 +20,7 @@ MLX_GGML_EXT_NO_GPU_KERNEL(QuantizedMatmul)
 MLX_GGML_EXT_NO_GPU_KERNEL(GLU)
 MLX_GGML_EXT_NO_GPU_KERNEL(Attention)
 MLX_GGML_EXT_NO_GPU_KERNEL(MulMatId)
+MLX_GGML_EXT_NO_GPU_KERNEL(KVCacheAppend)
 void AddRMSNorm::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
   throw_no_gpu_kernel("AddRMSNorm");
 }
