@@ -216,6 +216,9 @@ def main():
     p.add_argument("--unfused-rope-qkv", action="store_true",
                    help="also ours with mlx-lm's attention call (q, k, v split and rotated by separate ops: "
                         "models/qkv_attention.py undone)")
+    p.add_argument("--mlx-lm-cache-update", action="store_true",
+                   help="also ours with mlx-lm's KVCache.update_and_fetch (two slice updates and two slices a layer) "
+                        "instead of two ops.kv_cache_append nodes (MLX_GGML_EXT_KV_CACHE=0)")
     p.add_argument("--checked-ids", action="store_true",
                    help="also ours with the experts' ids evaluated and checked at every projection (check_ids=True: "
                         "a GPU synchronization each; models.load leaves them lazy)")
@@ -254,6 +257,10 @@ def main():
         plain_attention = load_with(args.model, {"MLX_GGML_EXT_ROPE_QKV": "0"})
         contenders["ours_mlx_lm_attention"] = lambda: ours(plain_attention, prompts, args.decode, 1, reps)
         mlx_models.append(plain_attention)
+    if args.mlx_lm_cache_update:
+        plain_cache = load_with(args.model, {"MLX_GGML_EXT_KV_CACHE": "0"})
+        contenders["ours_mlx_lm_cache_update"] = lambda: ours(plain_cache, prompts, args.decode, 1, reps)
+        mlx_models.append(plain_cache)
     if args.unfused_residual:
         unfused = load_with(args.model, {"MLX_GGML_EXT_FUSED_RESIDUAL": "0"})
         contenders["ours_unfused_residual"] = lambda: ours(unfused, prompts, args.decode, 1, reps)

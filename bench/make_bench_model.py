@@ -37,6 +37,16 @@ def u32(value: int) -> Value:
     return Value(value, ValueType.UINT32)
 
 
+def llama3_rope_factors(base: float, dims: int, factor: float = 32.0, low: float = 1.0, high: float = 4.0,
+                        original_context: int = 8192) -> np.ndarray:
+    """One factor per rotated pair dividing its angle, from Llama 3's rope scaling: pairs whose wavelength is under
+    original_context / high keep theirs, those over original_context / low are slowed by `factor`, and the band
+    between moves smoothly from one to the other (as Llama 3's reference code states the scaling)."""
+    wavelengths = 2 * np.pi * base ** (np.arange(0, dims, 2, dtype=np.float64) / dims)
+    smooth = np.clip((original_context / wavelengths - low) / (high - low), 0.0, 1.0)
+    return (1.0 / ((1.0 - smooth) / factor + smooth)).astype(np.float32)
+
+
 def random_f16(rng: np.random.Generator, shape, scale: float) -> np.ndarray:
     return (rng.standard_normal(shape, dtype=np.float32) * scale).astype(np.float16)
 
@@ -67,6 +77,9 @@ def main():
     p.add_argument("--experts", type=int, default=0, help="experts per layer (0: a dense feed-forward)")
     p.add_argument("--experts-used", type=int, default=0, help="experts per token")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--llama3-rope", action="store_true",
+                   help="write Llama 3.2's rope scaling as llama.cpp's converter does: a rope_freqs.weight tensor "
+                        "(factor 32, low/high frequency factors 1 and 4, original context 8192)")
     args = p.parse_args()
     if args.experts and not (args.type and 0 < args.experts_used <= args.experts):
         p.error("--experts needs --type and 0 < --experts-used <= --experts")
@@ -101,6 +114,7 @@ def main():
                          f"{arch}.expert_used_count": u32(args.experts_used)})
     rng = np.random.default_rng(args.seed)
     h, kv = args.hidden, args.kv_heads * head_dim
+    extra = {"rope_freqs.weight": llama3_rope_factors(500000.0, head_dim)} if args.llama3_rope else {}
     tensors = {"token_embd.weight": random_f16(rng, (n_vocab, h), 0.02),
                "output_norm.weight": np.ones(h, np.float32)}
     for i in range(args.layers):
@@ -135,7 +149,7 @@ def main():
                     blocks = mx.array(reference.random_blocks(rng, ggml_type.name, *t.shape, scales=(1e-3, 2e-3)))
                 tensors[name] = GGMLTensor(blocks, ggml_type, t.shape)
                 mx.eval(blocks)
-    gguf.save(args.out, metadata, tensors)
+    gguf.save(args.out, metadata, {**tensors, **extra})
     print(f"wrote {args.out}: {len(tensors)} tensors, vocabulary {n_vocab}")
 
 

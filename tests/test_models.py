@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import model_reference as ref
-from mlx_ggml_ext import models, nn as gnn, ops
+from mlx_ggml_ext import _ext, models, nn as gnn, ops
 
 pytest.importorskip("mlx_lm")
 from mlx_lm.models.cache import make_prompt_cache  # noqa: E402
@@ -119,7 +119,7 @@ def test_fused_residual_norms_change_no_number(key, tiny, monkeypatch):
 
 @pytest.mark.parametrize("key", list(ref.TINY_MODELS))
 def test_rope_qkv_attention_changes_no_number(key, tmp_path, monkeypatch):
-    """models/qkv_attention.py: the llama-style attention modules (not llama3's, whose rope has frequency factors)
+    """models/qkv_attention.py: the llama-style attention modules (llama3's with its rope_freqs as freq_factors)
     split and rotate q, k and v with one ops.rope_qkv, the same numbers as mlx-lm's call (on the CPU the same rope
     kernel: bit for bit; qwen3's and gemma3's per-head norms summed otherwise: within 1e-5) through prefill and
     cached decode steps. Every
@@ -136,7 +136,7 @@ def test_rope_qkv_attention_changes_no_number(key, tmp_path, monkeypatch):
         fused[flag] = sum(type(layer.self_attn).__module__.endswith("models.qkv_attention") for layer in model.layers)
         logits[flag] = _logits(model, TOKENS), _cached_logits(model, TOKENS, prefill=3)
     normed = key in ("qwen3", "gemma3", "qwen3moe")
-    assert fused == {"1": 0 if key == "llama3" else len(model.layers), "0": 0}
+    assert fused == {"1": len(model.layers), "0": 0}
     for one_op, plain in zip(logits["1"], logits["0"]):
         if mx.default_device() == mx.cpu and normed:
             assert _rel_max(one_op, plain) < 1e-5
@@ -144,6 +144,34 @@ def test_rope_qkv_attention_changes_no_number(key, tmp_path, monkeypatch):
             np.testing.assert_array_equal(one_op, plain)
         else:  # MLX's GPU rope computes the angles otherwise (exp/log, not ggml's iterated product)
             assert _rel_max(one_op, plain) < 2e-3  # each is within 6.2e-4 of float64 (architecture test)
+
+
+@pytest.mark.parametrize("key", ["llama", "gemma3"])
+def test_kv_cache_append_changes_no_number(key, tmp_path, monkeypatch):
+    """models/qkv_attention.py appends each step's keys and values to mlx-lm's KVCache with ops.kv_cache_append
+    (gemma3: its global layers; the sliding ones keep mlx-lm's RotatingKVCache): the logits of prefill and cached
+    decode steps equal those of mlx-lm's update_and_fetch bit for bit (a copy), and the op ran."""
+    _use_float_products(monkeypatch)
+    path = str(tmp_path / f"{key}.gguf")
+    ref.write_model(path, ref.TINY_MODELS[key], matrix_types=[gguf.GGMLQuantizationType.Q8_0])
+    from mlx_ggml_ext.models import qkv_attention
+    appended = []
+    append = qkv_attention._ext.kv_cache_append
+    counting = type("Ext", (), {"__getattr__": lambda self, name: getattr(_ext, name),
+                                "kv_cache_append": staticmethod(lambda *a: appended.append(1) or append(*a))})()
+    monkeypatch.setattr(qkv_attention, "_ext", counting)
+    logits = {}
+    for flag in ("1", "0"):
+        monkeypatch.setenv("MLX_GGML_EXT_KV_CACHE", flag)
+        model, _ = models.load(path, tokenizer=False)
+        appended.clear()
+        logits[flag] = _cached_logits(model, TOKENS, prefill=3)
+        calls = len(appended)
+        if flag == "1":
+            assert calls > 0
+        else:
+            assert calls == 0
+    np.testing.assert_array_equal(logits["1"], logits["0"])
 
 
 @pytest.mark.parametrize("key", [k for k, m in ref.TINY_MODELS.items() if m.experts])

@@ -36,7 +36,7 @@ from ..nn import GGMLSwitchGLU
 from .projections import stack_attention_projections, stack_linears, stackable
 from .qkv_attention import use_rope_qkv
 from .residual import fuse_residual_norms
-from .rope import GGMLRoPE, sharing_positions
+from .rope import FactorRoPE, GGMLRoPE, sharing_positions
 
 _mlx_lm_attention = _mlx_lm_base.scaled_dot_product_attention
 _active = threading.local()
@@ -95,12 +95,13 @@ def use_fused_ops(model: nn.Module, architecture: str, mlx_lm_module: str, stack
             layer.mlp = GatedMLP(layer.mlp, GLU_KIND[architecture], stack_projections)
         if stack_projections:
             stack_attention_projections(layer.self_attn)
-        if type(getattr(layer.self_attn, "rope", None)) is nn.RoPE:  # not the subclasses with scalings of their own
+        # Not nn.RoPE's subclasses with scalings of their own; a FactorRoPE (llama3's rope_freqs) takes its factors.
+        if type(getattr(layer.self_attn, "rope", None)) in (nn.RoPE, FactorRoPE):
             layer.self_attn.rope = GGMLRoPE(layer.self_attn.rope)
-        # q, k and v into heads and rotated by one op (models/qkv_attention.py); MLX_GGML_EXT_ROPE_QKV=0 keeps
-        # mlx-lm's call (for A/B runs).
+        # q, k and v into heads and rotated by one op, the cache updated by one (models/qkv_attention.py);
+        # MLX_GGML_EXT_ROPE_QKV=0 keeps mlx-lm's call, MLX_GGML_EXT_KV_CACHE=0 its cache update (for A/B runs).
         if os.environ.get("MLX_GGML_EXT_ROPE_QKV", "1") != "0":
-            use_rope_qkv(layer.self_attn, _dispatching_attention)
+            use_rope_qkv(layer.self_attn, _dispatching_attention, os.environ.get("MLX_GGML_EXT_KV_CACHE", "1") != "0")
     module = importlib.import_module(f"mlx_lm.models.{mlx_lm_module}")
     module.scaled_dot_product_attention = _dispatching_attention
     # Each residual add with the norm after it (models/residual.py); MLX_GGML_EXT_FUSED_RESIDUAL=0 keeps them

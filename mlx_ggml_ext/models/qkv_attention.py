@@ -4,7 +4,8 @@ mlx-lm's attention modules project x into q, k and v, then reshape, transpose an
 projections (models/projections.py) a product, a split into three, three reshapes, three transposes and two ropes,
 twelve graph nodes a layer. A decode token's time is mostly per-node host time on a GPU (MLX builds and encodes
 every node) and a noticeable part of it on the CPU, so the layer's call here takes the stacked product and one
-rope_qkv node instead; the rest is as mlx-lm writes it (the cache update, its module's attention function, o_proj).
+rope_qkv node instead, and its KVCache's update (two slice updates and two slices) two ops.kv_cache_append nodes;
+the rest is as mlx-lm writes it (its module's attention function, o_proj).
 
 It applies where the attention is one of the classes below (their calls are that same math; Qwen 3's and Gemma 3's
 with a norm of each q and k head first, which the op takes too), its rope a plain GGMLRoPE and its q and k (and v)
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx_lm.models.cache import KVCache
 
 from .. import _ext
 from ..nn import GGMLRMSNorm
@@ -66,7 +68,7 @@ def _call(self, x: mx.array, mask=None, cache=None) -> mx.array:
         q_norm, k_norm = self["q_norm"], self["k_norm"]
         norms = dict(q_norm=q_norm["weight"], k_norm=k_norm["weight"], norm_eps=q_norm.eps)
     out = _ext.rope_qkv(self[name](x), GGMLRoPE._positions(offset, L), heads, kv_heads, rope.dims, rope._mode,
-                        rope.base, rope.scale, with_v=with_v, **norms)
+                        rope.base, rope.scale, freq_factors=rope._factors, with_v=with_v, **norms)
     q, k = out[0], out[1]
     # One token: (B, 1, H, D) and (B, H, 1, D) are the same row-major array, so one reshape does a reshape and a
     # transpose (one graph node instead of two).
@@ -77,17 +79,32 @@ def _call(self, x: mx.array, mask=None, cache=None) -> mx.array:
     else:
         v = self["v_proj"](x).reshape(B, L, kv_heads, -1).transpose(0, 2, 1, 3)
     if cache is not None:
-        k, v = cache.update_and_fetch(k, v)
+        k, v = _update_cache(cache, k, v) if self._rope_qkv_fold_cache else cache.update_and_fetch(k, v)
     o = self._rope_qkv_attention(q, k, v, cache, self.scale, mask)
     return self["o_proj"](o.reshape(B, 1, -1) if L == 1 else o.transpose(0, 2, 1, 3).reshape(B, L, -1))
+
+
+def _update_cache(cache, k: mx.array, v: mx.array):
+    """mlx-lm's KVCache.update_and_fetch with one ops.kv_cache_append node per cache (mlx-lm's builds two: a slice
+    update and a slice), which writes the new rows into the cache's buffer; mlx-lm's own for every other cache class
+    (rotating, quantized, batched). cache.keys then holds the rows so far (a view of a longer buffer), which
+    mlx-lm's methods read as they read a full cache (keys.shape[2] >= offset)."""
+    keys, values, offset = cache.keys, cache.values, cache.offset
+    if type(cache) is not KVCache or keys is None or k.dtype != keys.dtype or v.dtype != values.dtype:
+        return cache.update_and_fetch(k, v)
+    cache.keys = k = _ext.kv_cache_append(keys, k, offset, cache.step)
+    cache.values = v = _ext.kv_cache_append(values, v, offset, cache.step)
+    cache.offset = k.shape[2]
+    return k, v
 
 
 _classes: dict = {}
 
 
-def use_rope_qkv(attention: nn.Module, attention_fn) -> bool:
+def use_rope_qkv(attention: nn.Module, attention_fn, fold_cache: bool = True) -> bool:
     """Gives `attention` the call above where it applies (True); `attention_fn(q, k, v, cache, scale, mask)` is the
-    attention of its module (models/fused.py's dispatching one)."""
+    attention of its module (models/fused.py's dispatching one); `fold_cache`: its cache updated by one
+    ops.kv_cache_append node per cache where it can be (else always mlx-lm's update_and_fetch)."""
     known = ATTENTION_CLASSES.get((type(attention).__module__, type(attention).__name__))
     plan = _product_plan(attention)
     if known is None or plan is None or type(attention.get("rope")) is not GGMLRoPE:
@@ -112,6 +129,6 @@ def use_rope_qkv(attention: nn.Module, attention_fn) -> bool:
     for key, value in (("_rope_qkv_plan", plan), ("_rope_qkv_heads", (heads, kv_heads)),
                        ("_rope_qkv_normed", normed),
                        ("_rope_qkv_names", ("qkv_proj",) if name == "qkv_proj" else ("q_proj", "k_proj", "v_proj")),
-                       ("_rope_qkv_attention", attention_fn)):
+                       ("_rope_qkv_attention", attention_fn), ("_rope_qkv_fold_cache", fold_cache)):
         object.__setattr__(attention, key, value)
     return True

@@ -23,8 +23,10 @@ class FactorRoPE(nn.Module):
                              f"got shape {tuple(factors.shape)}")
         self.dims = dims
         self.traditional = traditional
+        self.base = float(base)
+        self._factors = factors.astype(mx.float32)
         periods = mx.power(mx.array(base, mx.float32), mx.arange(0, dims, 2, dtype=mx.float32) / dims)
-        self._periods = periods * factors.astype(mx.float32)
+        self._periods = periods * self._factors
 
     def _extra_repr(self) -> str:
         return f"{self.dims}, traditional={self.traditional}, per-pair factors"
@@ -50,22 +52,30 @@ def sharing_positions():
 
 
 class GGMLRoPE(nn.Module):
-    """MLX's `nn.RoPE` computed by the package's `ops.rope` on the CPU and by `mx.fast.rope` elsewhere. On the
+    """MLX's `nn.RoPE` (or a FactorRoPE: ggml's freq_factors) computed by the package's `ops.rope` on the CPU and by
+    `mx.fast.rope` elsewhere. On the
     CPU ops.rope takes about half mx.fast.rope's time for a decode token's queries (measured). mlx-lm's x is
     (B, heads, L, D), which ops.rope takes as it is (heads_first: no reshape nodes), and every layer of a token
     shares one positions array (one arange node per token, not two per layer). `scale` multiplies positions
     (ggml's freq_scale)."""
 
-    def __init__(self, rope: nn.RoPE):
+    def __init__(self, rope: "nn.RoPE | FactorRoPE"):
         super().__init__()
         self.dims, self.traditional = rope.dims, rope.traditional
-        self.base, self.scale = float(rope.base), float(rope.scale)
+        self.base, self.scale = float(rope.base), float(getattr(rope, "scale", 1.0))
         self._mode = "normal" if self.traditional else "neox"
+        # A FactorRoPE's per-pair factors (ggml's freq_factors) and mx.fast.rope's periods with them; None for nn.RoPE.
+        self._factors = getattr(rope, "_factors", None)
+        self._periods = getattr(rope, "_periods", None)
 
     def _extra_repr(self) -> str:
-        return f"{self.dims}, traditional={self.traditional}, base={self.base}, scale={self.scale}"
+        factors = ", per-pair factors" if self._factors is not None else ""
+        return f"{self.dims}, traditional={self.traditional}, base={self.base}, scale={self.scale}{factors}"
 
     def _mlx(self, x: mx.array, offset) -> mx.array:
+        if self._periods is not None:
+            return mx.fast.rope(x, self.dims, traditional=self.traditional, base=None, scale=self.scale,
+                                offset=offset, freqs=self._periods)
         return mx.fast.rope(x, self.dims, traditional=self.traditional, base=self.base, scale=self.scale,
                             offset=offset)
 
@@ -93,4 +103,5 @@ class GGMLRoPE(nn.Module):
             positions = offset  # the op checks and builds what does not fit int32
         # The extension's rope directly: the arguments are valid by construction, and ops.rope's checks would
         # cost a few microseconds per call, twice per layer and token.
-        return _ext.rope(x, positions, self.dims, self._mode, self.base, self.scale, heads_first=True)
+        return _ext.rope(x, positions, self.dims, self._mode, self.base, self.scale, freq_factors=self._factors,
+                         heads_first=True)
