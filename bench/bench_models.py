@@ -36,6 +36,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 import mlx_ggml_ext
 from mlx_ggml_ext import _ext, gguf, models
+from mlx_ggml_ext.models.rope import FactorRoPE
 from mlx_ggml_ext.nn import GGMLLinear, GGMLSwitchLinear
 
 
@@ -219,6 +220,9 @@ def main():
     p.add_argument("--mlx-lm-cache-update", action="store_true",
                    help="also ours with mlx-lm's KVCache.update_and_fetch (two slice updates and two slices a layer) "
                         "instead of two ops.kv_cache_append nodes (MLX_GGML_EXT_KV_CACHE=0)")
+    p.add_argument("--mlx-rope-freqs", action="store_true",
+                   help="also ours as it ran a file with rope_freqs (Llama 3.1+) before 2026-11-29: mlx-lm's attention "
+                        "call and cache update, the rope mx.fast.rope with freqs (models/rope.py's FactorRoPE)")
     p.add_argument("--checked-ids", action="store_true",
                    help="also ours with the experts' ids evaluated and checked at every projection (check_ids=True: "
                         "a GPU synchronization each; models.load leaves them lazy)")
@@ -261,6 +265,15 @@ def main():
         plain_cache = load_with(args.model, {"MLX_GGML_EXT_KV_CACHE": "0"})
         contenders["ours_mlx_lm_cache_update"] = lambda: ours(plain_cache, prompts, args.decode, 1, reps)
         mlx_models.append(plain_cache)
+    if args.mlx_rope_freqs:
+        fast_rope = load_with(args.model, {"MLX_GGML_EXT_ROPE_QKV": "0"})
+        for layer in fast_rope.layers:
+            r = layer.self_attn.rope
+            if getattr(r, "_factors", None) is None:
+                raise SystemExit("--mlx-rope-freqs: the file has no rope_freqs.weight")
+            layer.self_attn.rope = FactorRoPE(r.dims, r.base, r.traditional, r._factors)
+        contenders["ours_mlx_rope_freqs"] = lambda: ours(fast_rope, prompts, args.decode, 1, reps)
+        mlx_models.append(fast_rope)
     if args.unfused_residual:
         unfused = load_with(args.model, {"MLX_GGML_EXT_FUSED_RESIDUAL": "0"})
         contenders["ours_unfused_residual"] = lambda: ours(unfused, prompts, args.decode, 1, reps)
