@@ -41,18 +41,12 @@ std::vector<mx::array> add_rms_norm(const mx::array& x, const mx::array& residua
 std::vector<mx::array> AddRMSNorm::vjp(const std::vector<mx::array>& primals,
                                        const std::vector<mx::array>& cotangents, const std::vector<int>& argnums,
                                        const std::vector<mx::array>&) {
-  const auto grads = mx::vjp(unfused(eps_, stream()), primals, cotangents).second;
-  std::vector<mx::array> picked;
-  for (int arg : argnums) picked.push_back(grads[arg]);
-  return picked;
+  return vjp_through(unfused(eps_, stream()), primals, cotangents, argnums);
 }
 
 std::vector<mx::array> AddRMSNorm::jvp(const std::vector<mx::array>& primals, const std::vector<mx::array>& tangents,
                                        const std::vector<int>& argnums) {
-  std::vector<mx::array> all;
-  for (const auto& p : primals) all.push_back(mx::zeros_like(p, stream()));
-  for (size_t i = 0; i < argnums.size(); ++i) all[argnums[i]] = tangents[i];
-  return mx::jvp(unfused(eps_, stream()), primals, all).second;
+  return jvp_through(unfused(eps_, stream()), primals, tangents, argnums, stream());
 }
 
 std::pair<std::vector<mx::array>, std::vector<int>> AddRMSNorm::vmap(const std::vector<mx::array>& inputs,

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "mlx/transforms.h"
+
 namespace mlx_ggml_ext {
 
 std::string shape_str(const mx::Shape& shape) {
@@ -71,6 +73,23 @@ bool donate(const mx::array& in, mx::array& out) {
 
 void allocate_like_or_donate(const mx::array& in, mx::array& out) {
   if (!donate(in, out)) out.set_data(mx::allocator::malloc(out.nbytes()));
+}
+
+std::vector<mx::array> vjp_through(const GraphFn& f, const std::vector<mx::array>& primals,
+                                   const std::vector<mx::array>& cotangents, const std::vector<int>& argnums) {
+  const auto grads = mx::vjp(f, primals, cotangents).second;
+  std::vector<mx::array> picked;
+  for (int arg : argnums) picked.push_back(grads[arg]);
+  return picked;
+}
+
+std::vector<mx::array> jvp_through(const GraphFn& f, const std::vector<mx::array>& primals,
+                                   const std::vector<mx::array>& tangents, const std::vector<int>& argnums,
+                                   const mx::Stream& stream) {
+  std::vector<mx::array> all;
+  for (const auto& p : primals) all.push_back(mx::zeros_like(p, stream));
+  for (size_t i = 0; i < argnums.size(); ++i) all[argnums[i]] = tangents[i];
+  return mx::jvp(f, primals, all).second;
 }
 
 mx::array::Flags view_flags(const mx::Shape& shape, const mx::Strides& strides, size_t data_size) {

@@ -1,6 +1,7 @@
 // Helpers shared by the primitives: argument checks with clear messages, dtype
 // mapping to the kernels' float formats, and graph-building conveniences.
 #pragma once
+#include <functional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -62,6 +63,15 @@ bool donate(const mx::array& in, mx::array& out);
 // The output buffer for a row-contiguous elementwise-shaped result: the input's own
 // buffer when MLX allows donating it, else a fresh allocation.
 void allocate_like_or_donate(const mx::array& in, mx::array& out);
+
+// A primitive's vjp / jvp as those of `f`, the same numbers built from MLX's ops (a fused primitive's unfused
+// graph): the cotangents of the inputs in `argnums`; the tangents of the outputs for those inputs' tangents.
+using GraphFn = std::function<std::vector<mx::array>(const std::vector<mx::array>&)>;
+std::vector<mx::array> vjp_through(const GraphFn& f, const std::vector<mx::array>& primals,
+                                   const std::vector<mx::array>& cotangents, const std::vector<int>& argnums);
+std::vector<mx::array> jvp_through(const GraphFn& f, const std::vector<mx::array>& primals,
+                                   const std::vector<mx::array>& tangents, const std::vector<int>& argnums,
+                                   const mx::Stream& stream);
 
 // MLX's flags of a view with these strides over `data_size` elements of its buffer.
 mx::array::Flags view_flags(const mx::Shape& shape, const mx::Strides& strides, size_t data_size);

@@ -9,20 +9,11 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlx_ggml_ext import _ext, ops
-from conftest import DEVICE
+from mlx_ggml_ext import ops
+from conftest import DEVICE, METAL
 from harness import DTYPES, random_array, to_numpy
 
-METAL = DEVICE == mx.gpu and _ext.gpu_backend() == "metal"
-
-
-@pytest.fixture(autouse=True)
-def device_with_a_kernel():
-    if METAL:
-        with mx.stream(mx.cpu):
-            yield
-    else:
-        yield
+pytestmark = pytest.mark.usefixtures("cpu_stream_on_metal")
 
 
 def check(got, cache, rows, offset):

@@ -8,20 +8,11 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlx_ggml_ext import _ext, ops, reference
-from conftest import DEVICE
+from mlx_ggml_ext import ops, reference
+from conftest import DEVICE, METAL
 from harness import DTYPES, assert_close, random_array, to_numpy
 
-METAL = DEVICE == mx.gpu and _ext.gpu_backend() == "metal"
-
-
-@pytest.fixture(autouse=True)
-def device_with_a_kernel():
-    if METAL:
-        with mx.stream(mx.cpu):
-            yield
-    else:
-        yield
+pytestmark = pytest.mark.usefixtures("cpu_stream_on_metal")
 
 YARN = dict(freq_scale=0.25, ext_factor=0.75, attn_factor=1.3, beta_fast=32.0, beta_slow=1.0, n_ctx_orig=4096)
 
