@@ -82,9 +82,19 @@ def prefill_tok_s(model, n_tokens: int, seed: int) -> float:
     return n_tokens / (time.perf_counter() - start)
 
 
-def decode_tok_s(model, n_tokens: int, seed: int) -> float:
-    y = mx.random.randint(0, model_vocab(model), (1, 1), key=mx.random.key(seed))
+def filled_cache(model, context: int, seed: int):
+    """A prompt cache holding `context` random tokens (one prefill, evaluated): decode then runs at that depth."""
     cache = make_prompt_cache(model)
+    if context:
+        prompt = mx.random.randint(0, model_vocab(model), (1, context), key=mx.random.key(seed + 1))
+        mx.eval(model(prompt, cache=cache))
+        mx.eval([c.state for c in cache])
+    return cache
+
+
+def decode_tok_s(model, n_tokens: int, seed: int, context: int = 0) -> float:
+    y = mx.random.randint(0, model_vocab(model), (1, 1), key=mx.random.key(seed))
+    cache = filled_cache(model, context, seed)
     mx.eval(y)
     start = time.perf_counter()
     for _ in range(n_tokens):
@@ -94,11 +104,11 @@ def decode_tok_s(model, n_tokens: int, seed: int) -> float:
     return n_tokens / (time.perf_counter() - start)
 
 
-def pipelined_decode_tok_s(model, n_tokens: int, seed: int) -> float:
+def pipelined_decode_tok_s(model, n_tokens: int, seed: int, context: int = 0) -> float:
     """decode_tok_s in mlx_lm.generate_step's order: token t + 1's graph is built (its input the lazy argmax of
     token t) and handed to `mx.async_eval` before token t's value is read. The same tokens and arithmetic."""
     y = mx.random.randint(0, model_vocab(model), (1, 1), key=mx.random.key(seed))
-    cache = make_prompt_cache(model)
+    cache = filled_cache(model, context, seed)
     mx.eval(y)
     start = time.perf_counter()
     y = mx.argmax(model(y, cache=cache)[:, -1:, :], axis=-1)
@@ -165,11 +175,15 @@ def llama_bench(binary: str, model: str, prompts, decode: int, threads: int, ext
     return result
 
 
+# Decode depth: tokens in the cache before the timed decode (--context); 0 decodes from an empty cache.
+CONTEXT = 0
+
+
 def ours(model, prompts, decode: int, seed: int, prefill_reps: int = 1) -> dict:
     result = {f"pp{p}": statistics.median(prefill_tok_s(model, p, seed + p) for _ in range(prefill_reps))
               for p in prompts}
-    result[f"tg{decode}"] = decode_tok_s(model, decode, seed)
-    result[f"tg{decode}_pipelined"] = pipelined_decode_tok_s(model, decode, seed)
+    result[f"tg{decode}"] = decode_tok_s(model, decode, seed, CONTEXT)
+    result[f"tg{decode}_pipelined"] = pipelined_decode_tok_s(model, decode, seed, CONTEXT)
     return result
 
 
@@ -228,12 +242,17 @@ def main():
                         "a GPU synchronization each; models.load leaves them lazy)")
     p.add_argument("--prompts", default="256,512", help="prefill lengths")
     p.add_argument("--decode", type=int, default=128, help="decode tokens")
+    p.add_argument("--context", type=int, default=0,
+                   help="decode after a prefill of this many random tokens (the cache's depth; not applied to "
+                        "llama-bench, whose tg starts from an empty context)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=mlx_ggml_ext.num_threads())
     p.add_argument("--prefill-reps", type=int, default=None,
                    help="prefills per length and round, their median reported (default: 3 on a GPU, where one "
                         "prefill of 512 tokens takes ~15 ms and single runs moved by 1.5x; 1 on the CPU)")
     args = p.parse_args()
+    global CONTEXT
+    CONTEXT = args.context
     reps = args.prefill_reps or (3 if mx.default_device() == mx.gpu else 1)
     prompts = [int(v) for v in args.prompts.split(",")]
     mlx_ggml_ext.set_num_threads(args.threads)
@@ -293,7 +312,7 @@ def main():
                                                       args.threads, args.llama_args, reps)
     setup = {"model": os.path.basename(args.model), "device": str(mx.default_device()),
              "cpu_isa": mlx_ggml_ext.cpu_isa(), "threads": args.threads, "prefill_reps": reps,
-             "llama_label": args.llama_label,
+             "llama_label": args.llama_label, "decode_context": args.context,
              "decode_weight_bytes": weight_bytes,
              "mlx": mx.__version__, "version": mlx_ggml_ext.__version__}
     emit({"setup": setup})
