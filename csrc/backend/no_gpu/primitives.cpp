@@ -2,12 +2,12 @@
 #include "csrc/attention.h"
 #include "csrc/dequantize.h"
 #include "csrc/glu.h"
+#include "csrc/kv_cache.h"
 #include "csrc/mul_mat_id.h"
 #include "csrc/quantize.h"
 #include "csrc/quantized_matmul.h"
 #include "csrc/rms_norm.h"
 #include "csrc/rope.h"
-#include "csrc/kv_cache.h"
 #include "csrc/rope_qkv.h"
 
 namespace mlx_ggml_ext {
