@@ -308,8 +308,8 @@ struct SpanRowDot {
   // which makes each lane's integer dot zero whatever the codes, and their scales and offsets are zero too (a
   // zero block's float16 fields; MXFP4's zero codes are the value 0). Permuting the tail element by element into
   // span order, as before, made Q8_0 2048 x 640 at 256 rows of x take 2.4x the time of 2048 x 768 (Zen 4): the
-  // tail is decoded once per weight row and tile of x. The padding covers the decode's widest window past the
-  // span (Q8_0's split gathers).
+  // tail is decoded once per weight row and tile of x. The span's loads are masked to its bytes (SpanPlan); the
+  // 128 bytes past it are only a margin.
   void load_tail(SpanWeights<Q>& w, const uint8_t* p, int n_blocks) const {
     alignas(64) uint8_t blocks[kBlocks * sizeof(B) + 128] = {};
     std::memcpy(blocks, p, n_blocks * sizeof(B));
