@@ -10,7 +10,7 @@ namespace {
 constexpr const char* kOp = "add_rms_norm";
 
 // The unfused graph over the primitive's inputs (x, residual[, weight]), already of one dtype.
-std::function<std::vector<mx::array>(const std::vector<mx::array>&)> unfused(float eps, mx::Stream s) {
+GraphFn unfused(float eps, mx::Stream s) {
   return [eps, s](const std::vector<mx::array>& in) {
     auto h = mx::add(in[0], in[1], s);
     std::optional<mx::array> w;

@@ -36,7 +36,7 @@ mx::Shape output_shape(const mx::array& cache, const mx::array& rows, int offset
 }
 
 // The same array from MLX's ops: the primitive's transformations.
-std::function<std::vector<mx::array>(const std::vector<mx::array>&)> unfused(int offset, mx::Stream s) {
+GraphFn unfused(int offset, mx::Stream s) {
   return [offset, s](const std::vector<mx::array>& in) {
     const auto& cache = in[0];
     mx::Shape stop = cache.shape();

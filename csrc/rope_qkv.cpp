@@ -87,9 +87,7 @@ Optionals optionals(const std::vector<mx::array>& in, bool has_factors, bool nor
 
 // The same numbers as ops: reshape, split, RMSNorm and RoPE on q and k, heads first. The primitive's
 // transformations (in: the node's inputs).
-std::function<std::vector<mx::array>(const std::vector<mx::array>&)> unfused(const RopeParams& p, QkvHeads heads,
-                                                                            QkNorm norm, bool has_factors,
-                                                                            mx::Stream s) {
+GraphFn unfused(const RopeParams& p, QkvHeads heads, QkNorm norm, bool has_factors, mx::Stream s) {
   return [p, heads, norm, has_factors, s](const std::vector<mx::array>& in) {
     const auto& qkv = in[0];
     const auto heads_of = mx::reshape(qkv, heads_shape(qkv, heads), s);
@@ -110,8 +108,7 @@ std::function<std::vector<mx::array>(const std::vector<mx::array>&)> unfused(con
 }
 
 // The unfused graph as a function of every input but the positions (integers, not differentiated).
-std::function<std::vector<mx::array>(const std::vector<mx::array>&)> without_positions(
-    std::function<std::vector<mx::array>(const std::vector<mx::array>&)> f, const mx::array& positions) {
+GraphFn without_positions(GraphFn f, const mx::array& positions) {
   return [f, positions](const std::vector<mx::array>& in) {
     std::vector<mx::array> all = in;
     all.insert(all.begin() + 1, positions);
@@ -125,8 +122,12 @@ std::vector<mx::array> without_positions(const std::vector<mx::array>& primals) 
   return rest;
 }
 
-// An input's index among those of without_positions.
-int index_without_positions(int arg) { return arg == 0 ? 0 : arg - 1; }
+// The inputs' indices among those of without_positions (positions excluded by check_no_positions).
+std::vector<int> indices_without_positions(const std::vector<int>& argnums) {
+  std::vector<int> indices;
+  for (int arg : argnums) indices.push_back(arg == 0 ? 0 : arg - 1);
+  return indices;
+}
 
 void check_no_positions(const std::vector<int>& argnums) {
   if (std::find(argnums.begin(), argnums.end(), 1) != argnums.end()) {
@@ -181,21 +182,14 @@ std::vector<mx::array> RopeQKV::vjp(const std::vector<mx::array>& primals, const
                                     const std::vector<int>& argnums, const std::vector<mx::array>&) {
   check_no_positions(argnums);
   const auto f = without_positions(unfused(params_, heads_, norm_, has_factors_, stream()), primals[1]);
-  const auto grads = mx::vjp(f, without_positions(primals), cotangents).second;
-  std::vector<mx::array> picked;
-  for (int arg : argnums) picked.push_back(grads[index_without_positions(arg)]);
-  return picked;
+  return vjp_through(f, without_positions(primals), cotangents, indices_without_positions(argnums));
 }
 
 std::vector<mx::array> RopeQKV::jvp(const std::vector<mx::array>& primals, const std::vector<mx::array>& tangents,
                                     const std::vector<int>& argnums) {
   check_no_positions(argnums);
-  auto inputs = without_positions(primals);
-  std::vector<mx::array> all;
-  for (const auto& p : inputs) all.push_back(mx::zeros_like(p, stream()));
-  for (size_t i = 0; i < argnums.size(); ++i) all[index_without_positions(argnums[i])] = tangents[i];
   const auto f = without_positions(unfused(params_, heads_, norm_, has_factors_, stream()), primals[1]);
-  return mx::jvp(f, inputs, all).second;
+  return jvp_through(f, without_positions(primals), tangents, indices_without_positions(argnums), stream());
 }
 
 std::pair<std::vector<mx::array>, std::vector<int>> RopeQKV::vmap(const std::vector<mx::array>& inputs,

@@ -17,7 +17,8 @@ struct RowsCopyArgs {
   int element_bytes;
 };
 
-// The copies one CUDA launch makes (a decode token's keys and values: one launch, not two); the same element size.
+// The copies one CUDA launch makes (an append's kept rows into a new buffer and its new rows: one launch, not two);
+// the same element size.
 struct RowsCopies {
   static constexpr int kMax = 2;
   RowsCopyArgs copy[kMax];

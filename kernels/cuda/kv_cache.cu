@@ -11,14 +11,14 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int64_t kMaxBlocks = 4096;
 
-int64_t elements(const ggml_ext::RowsCopyArgs& a) { return a.batch * a.heads * a.rows * a.dim; }
+__host__ __device__ int64_t elements(const ggml_ext::RowsCopyArgs& a) { return a.batch * a.heads * a.rows * a.dim; }
 
 template <typename Word>
 __global__ void rows_copy_kernel(const ggml_ext::RowsCopies copies) {
   const ggml_ext::RowsCopyArgs& a = copies.copy[blockIdx.y];
   const Word* src = static_cast<const Word*>(a.src);
   Word* dst = static_cast<Word*>(a.dst);
-  const int64_t total = a.batch * a.heads * a.rows * a.dim;
+  const int64_t total = elements(a);
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t d = i % a.dim, r = (i / a.dim) % a.rows, bh = i / (a.dim * a.rows);
     const int64_t h = bh % a.heads, b = bh / a.heads;

@@ -53,11 +53,10 @@ def sharing_positions():
 
 class GGMLRoPE(nn.Module):
     """MLX's `nn.RoPE` (or a FactorRoPE: ggml's freq_factors) computed by the package's `ops.rope` on the CPU and by
-    `mx.fast.rope` elsewhere. On the
-    CPU ops.rope takes about half mx.fast.rope's time for a decode token's queries (measured). mlx-lm's x is
-    (B, heads, L, D), which ops.rope takes as it is (heads_first: no reshape nodes), and every layer of a token
-    shares one positions array (one arange node per token, not two per layer). `scale` multiplies positions
-    (ggml's freq_scale)."""
+    `mx.fast.rope` elsewhere. On the CPU ops.rope takes about half mx.fast.rope's time for a decode token's queries
+    (measured). mlx-lm's x is (B, heads, L, D), which ops.rope takes as it is (heads_first: no reshape nodes), and
+    every layer of a token shares one positions array (one arange node per token, not two per layer). `scale`
+    multiplies positions (ggml's freq_scale)."""
 
     def __init__(self, rope: "nn.RoPE | FactorRoPE"):
         super().__init__()
