@@ -68,7 +68,8 @@ class RopeQKV : public mx::Primitive {
 };
 
 // For every backend's eval: the buffer the kernel writes, (..., T, Hq + Hk + Hv, D) of qkv's dtype (no data yet),
-// and, once it has data, the outputs made views of it.
+// and, once it has data, the outputs made views of it. A new allocation, never qkv's: MLX gives every output of a
+// primitive its own copy of the input list, so qkv is held once per output and never donatable (MLX 0.32).
 mx::array rope_qkv_buffer(const mx::array& qkv, QkvHeads heads);
 void rope_qkv_views(const mx::array& buffer, QkvHeads heads, std::vector<mx::array>& outputs);
 

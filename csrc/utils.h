@@ -61,7 +61,9 @@ mx::array reshape_shared(const mx::array& a, const mx::Shape& shape, mx::StreamO
 // Gives `out` the input's own buffer when MLX allows donating it (row-contiguous, same size); false if not.
 bool donate(const mx::array& in, mx::array& out);
 // The output buffer for a row-contiguous elementwise-shaped result: the input's own
-// buffer when MLX allows donating it, else a fresh allocation.
+// buffer when MLX allows donating it, else a fresh allocation. Pointless for an input of a
+// multi-output primitive: MLX gives every output its own copy of the input list, so such an
+// input is held once per output and never donatable (MLX 0.32; add_rms_norm, rope_qkv).
 void allocate_like_or_donate(const mx::array& in, mx::array& out);
 
 // A primitive's vjp / jvp as those of `f`, the same numbers built from MLX's ops (a fused primitive's unfused

@@ -1,7 +1,8 @@
 """kernels/cuda/rms_norm.cu with the fused residual add (add_rms_norm's CUDA path: RmsNormArgs.residual and sum)
 run on the host (tests/cuda_emulation, as test_cuda_emulation.py): the stored sum equals x + residual rounded to the
 dtype bit for bit, and the output is the float64 norm of that sum, on the vector and scalar paths, rows held in
-registers and rows past them, and with the sum written over x (the buffer MLX may donate)."""
+registers and rows past them, and with the sum written over x (the kernel allows it; MLX 0.32 never donates x to this
+two-output primitive, csrc/utils.h)."""
 import numpy as np
 import pytest
 

@@ -33,7 +33,7 @@ void RMSNorm::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
 void AddRMSNorm::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
   auto& sum = outputs[0];
   auto& out = outputs[1];
-  allocate_like_or_donate(inputs[0], sum);  // h may overwrite x: each element is read before it is written
+  sum.set_data(mx::allocator::malloc(sum.nbytes()));  // never x's: two outputs (utils.h, allocate_like_or_donate)
   out.set_data(mx::allocator::malloc(out.nbytes()));
   if (out.size() == 0) return;
   auto& enc = mx::cpu::get_command_encoder(stream());

@@ -61,7 +61,7 @@ void RoPE::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
 void RopeQKV::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
   output_shapes(inputs);  // throws on inputs that do not fit (never divide by zero below)
   auto buffer = rope_qkv_buffer(inputs[0], heads_);
-  allocate_like_or_donate(inputs[0], buffer);
+  buffer.set_data(mx::allocator::malloc(buffer.nbytes()));  // never qkv's (rope_qkv.h, rope_qkv_buffer)
   if (buffer.size() > 0) {
     // the extent of qkv read as (..., T, Hq + Hk + Hv, D)
     std::vector<mx::array> as_heads(inputs.begin(), inputs.begin() + rope_inputs());

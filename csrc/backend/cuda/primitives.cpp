@@ -29,7 +29,7 @@ void AddRMSNorm::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::
   const auto& x = inputs[0];  // row-contiguous, as are residual and weight: the op inserted the copies
   auto& sum = outputs[0];
   auto& out = outputs[1];
-  auto& enc = cuda::begin(stream(), inputs, sum, &x);  // h may take x's buffer: a thread reads x before writing h
+  auto& enc = cuda::begin(stream(), inputs, sum);  // never x's: two outputs (utils.h, allocate_like_or_donate)
   cuda::allocate(enc, out);
   enc.set_output_array(out);
   if (out.size() == 0) return;
@@ -92,7 +92,7 @@ void RopeQKV::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::arr
   // every input row-contiguous: the op inserted the copies
   output_shapes(inputs);  // throws on inputs that do not fit (never divide by zero below)
   auto buffer = rope_qkv_buffer(inputs[0], heads_);
-  auto& enc = cuda::begin(stream(), inputs, buffer, &inputs[0]);
+  auto& enc = cuda::begin(stream(), inputs, buffer);  // never qkv's (rope_qkv.h, rope_qkv_buffer)
   if (buffer.size() > 0) {
     // the extent of qkv read as (..., T, Hq + Hk + Hv, D)
     std::vector<mx::array> as_heads(inputs.begin(), inputs.begin() + rope_inputs());

@@ -55,7 +55,7 @@ void AddRMSNorm::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::
   const auto& residual = inputs[1];
   auto& sum = outputs[0];
   auto& out = outputs[1];
-  allocate_like_or_donate(x, sum);  // h may overwrite x: a thread reads each element before writing it
+  sum.set_data(mx::allocator::malloc(sum.nbytes()));  // never x's: two outputs (utils.h, allocate_like_or_donate)
   out.set_data(mx::allocator::malloc(out.nbytes()));
   if (out.size() == 0) return;
   const bool weighted = inputs.size() > 2;
