@@ -45,9 +45,9 @@ struct QuantizedRows : RowTiles {
   std::vector<ActRecord> rec;
   // Per row and 16-element chunk, row-major: the exact float sum of x and the sum of its codes times their scale.
   std::vector<float> chunk_x, chunk_q;
-  // Per row and 32-element block: the sum of x, and that sum less the codes' (what the rounding left out); read
-  // by Q4_K and Q5_K's integer-scale path (IntChunkScales).
-  std::vector<float> block_x, block_residual;
+  // Per row and 32-element block: the sum of x, that sum less the codes' (what the rounding left out), and the
+  // codes' scale (as in the records, but contiguous); read by Q4_K and Q5_K's sub-block paths (HalfRowDot).
+  std::vector<float> block_x, block_residual, block_d;
   int64_t chunks = 0;  // per row
 
   void resize(int64_t rows, int64_t K) {
@@ -58,6 +58,7 @@ struct QuantizedRows : RowTiles {
     chunk_q.assign(padded * chunks, 0.0f);
     block_x.assign(padded * chunks / 2, 0.0f);
     block_residual.assign(padded * chunks / 2, 0.0f);
+    block_d.assign(padded * chunks / 2, 0.0f);
   }
 };
 
@@ -76,16 +77,19 @@ struct ChunkSums {
   const float* q;
   const float* block_x;
   const float* block_residual;
+  const float* block_d;
   int64_t stride;
 
   ChunkSums(const QuantizedRows& act, int64_t row0)
       : x(act.chunk_x.data() + row0 * act.chunks), q(act.chunk_q.data() + row0 * act.chunks),
         block_x(act.block_x.data() + row0 * act.chunks / 2),
-        block_residual(act.block_residual.data() + row0 * act.chunks / 2), stride(act.chunks) {}
+        block_residual(act.block_residual.data() + row0 * act.chunks / 2),
+        block_d(act.block_d.data() + row0 * act.chunks / 2), stride(act.chunks) {}
   const float* x_of(int r, int64_t chunk) const { return x + r * stride + chunk; }
   const float* q_of(int r, int64_t chunk) const { return q + r * stride + chunk; }
   const float* block_x_of(int r, int64_t block) const { return block_x + r * stride / 2 + block; }
   const float* block_residual_of(int r, int64_t block) const { return block_residual + r * stride / 2 + block; }
+  const float* block_d_of(int r, int64_t block) const { return block_d + r * stride / 2 + block; }
 };
 
 // The sum of n floats (a power of 2, at least 4) by folding: the upper half added to the lower half, lane by lane,
@@ -184,6 +188,7 @@ float quantize_row_block(const typename Fmt::T* x, int64_t n, int64_t k0, Quanti
   const int64_t block = row * a.chunks / 2 + k0 / kActBlock;
   a.block_x[block] = block_x;
   a.block_residual[block] = block_x - block_q;
+  a.block_d[block] = scale;
   return scale;
 }
 

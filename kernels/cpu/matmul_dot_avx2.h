@@ -3,6 +3,7 @@
 #pragma once
 #include <bit>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 
 #include "kernels/cpu/matmul_activations.h"
@@ -276,6 +277,13 @@ struct HalfRowDot {
   using B = typename Q::B;
   using Codes = HalfCodes<Q, kOffset>;
   static constexpr bool kSums = kOffset || Codes::kZero != 0;  // whether the chunk sums take part
+#if defined(__AVX512VNNI__)
+  // Q4_K and Q5_K: one scale per half, applied in float per half (see run).
+  static constexpr bool kHalfScaleProducts =
+      kOffset && std::is_same_v<typename HalfScalesOf<Q>::type, K4HalfScales<Q>>;
+#else
+  static constexpr bool kHalfScaleProducts = false;  // the integer-scale path (IntChunkScales) instead
+#endif
   // Accumulators live in run() (as members, GCC stores them back after every step).
   using Acc = vf32x8[MR];
   TileView tile;
@@ -292,6 +300,16 @@ struct HalfRowDot {
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
       acc[r] += __builtin_convertvector((vi32x8)Codes::dot(w, rec[r].q + 32 * h), vf32x8) * (sw * rec[r].d[h]);
+    }
+  }
+
+  // Half h of a record with one scale per half and row of x (products[r][c]: the half's scale times x's).
+  static inline __attribute__((always_inline)) void product_half(Acc& acc, __m256i w, const vf32x8* products,
+                                                                int c, const ActRecord* rec, int h) {
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      const vf32x8 scale = (vf32x8)_mm256_permutexvar_ps(_mm256_set1_epi32(c), (__m256)products[r]);
+      acc[r] += __builtin_convertvector((vi32x8)Codes::dot(w, rec[r].q + 32 * h), vf32x8) * scale;
     }
   }
 
@@ -376,6 +394,45 @@ struct HalfRowDot {
       }
 #pragma GCC unroll 8
       for (int r = 0; r < MR; ++r) acc[r] += acc_odd[r];
+    } else if constexpr (kHalfScaleProducts) {
+      // Q4_K, Q5_K with VNNI: one scale per half (its sub-block's), so the float work of a half is one conversion
+      // and one FMA by its lane of the block's scale products (sub-block scale times x's block scale, 8 lanes,
+      // one multiply per block and row of x, read back by broadcast loads); the centering and the mins are
+      // applied per sub-block from x's block sums, as in the integer-scale path. The half-by-half float path
+      // this replaces (a chunk-scale broadcast, a multiply and an FMA per half, and per block the 16-chunk sums)
+      // ran one row of x at about 123 instructions a block: compute-bound at 0.5-0.6 of the read roofline on
+      // Zen 4 (bench/cpu_kernel_driver.cpp, Q4_K 8192 x 2048).
+      static_assert(Codes::kZero == static_cast<int>(kCenter));
+      constexpr int kChains = MR == 1 ? 4 : MR == 2 ? 2 : 1;  // independent FMA chains (4-cycle latency)
+      Acc chains[kChains] = {};
+      vf32x8 products[MR];
+      for (int64_t blk = begin; blk < end; ++blk) {
+        const uint8_t* p = row + blk * sizeof(B);
+        prefetch_ahead<3>(p);
+        const B* b = reinterpret_cast<const B*>(p);
+        vf32x8 sub_scale, sub_min;
+        k4_scale_min_floats(k4_scale_min_bytes(b), sub_scale, sub_min);
+        sub_scale *= GGML_EXT_HALF_TO_FLOAT(b->d);
+        sub_min *= GGML_EXT_HALF_TO_FLOAT(b->dmin);
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; ++r) products[r] = sub_scale * load_vec<vf32x8>(chunk_sums.block_d_of(r, 8 * blk));
+        const ActRecord* rec = tile.records(blk * 4);
+        [&]<int... C>(std::integer_sequence<int, C...>) __attribute__((always_inline)) {
+          (product_half(chains[C % kChains], codes.template decode<C / 2, C % 2>(p), products, C,
+                        rec + C / 2 * tile.stride, C % 2),
+           ...);
+        }(std::make_integer_sequence<int, 8>{});
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; ++r) {
+          sums_acc[r] += sub_scale * (load_vec<vf32x8>(chunk_sums.block_residual_of(r, 8 * blk)) * kCenter) -
+                         sub_min * load_vec<vf32x8>(chunk_sums.block_x_of(r, 8 * blk));
+        }
+      }
+#pragma GCC unroll 8
+      for (int r = 0; r < MR; ++r) {
+        for (int c = 1; c < kChains; ++c) chains[0][r] += chains[c][r];
+        acc[r] = chains[0][r];
+      }
     } else if constexpr (IntChunkScales<Q>::kHas) {
       // At 8 rows of x the block accumulators and the row accumulators (and Q6_K's sums) take more than AVX2's 16
       // vector registers, so GCC keeps some on the stack, touched once per block; the float path this replaced
