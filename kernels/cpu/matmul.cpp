@@ -157,7 +157,7 @@ void forward_tiles(const MatmulArgs& a, int64_t row_bytes, int64_t act_bytes, Do
             const float* tile_sums = sums.data() + (n - s0) * kTileRows;
             for (int64_t r = 0; r < rows; r += fold) {
               const float sum = fold == 2 ? tile_sums[r] + tile_sums[r + 1] : tile_sums[r];
-              out[(m0 + r) / fold * a.N + n] = Out::from_f32(sum);
+              out[(fold == 2 ? (m0 + r) >> 1 : m0 + r) * a.N + n] = Out::from_f32(sum);  // no division
             }
           }
         }

@@ -39,6 +39,10 @@ struct RowTiles {
     return (rows + tile - 1) / tile * tile;
   }
   int64_t at(int64_t row, int64_t unit) const { return (row / tile * units + unit) * tile + row % tile; }
+  // Where a tile's records start (row0: its first row, a multiple of `tile`): at(row0, 0) without the division,
+  // which row dots otherwise paid per weight row (~35 cycles a row with the output's own, 2048-element rows
+  // taking ~240).
+  int64_t tile_start(int64_t row0) const { return row0 * units; }
 };
 
 struct QuantizedRows : RowTiles {
@@ -67,7 +71,7 @@ struct TileView {
   const ActRecord* rec;
   int64_t stride;
 
-  TileView(const QuantizedRows& act, int64_t row0) : rec(act.rec.data() + act.at(row0, 0)), stride(act.tile) {}
+  TileView(const QuantizedRows& act, int64_t row0) : rec(act.rec.data() + act.tile_start(row0)), stride(act.tile) {}
   const ActRecord* records(int64_t g) const { return rec + g * stride; }
 };
 

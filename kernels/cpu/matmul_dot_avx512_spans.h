@@ -256,7 +256,7 @@ struct SpanRowDot {
   const SpanCodes<Q, kOffset>& codes;
 
   SpanRowDot(const SpanRows<S>& act, int64_t row0, const SpanCodes<Q, kOffset>& span_codes)
-      : rec(act.rec.data() + act.at(row0, 0)), stride(act.tile), codes(span_codes) {}
+      : rec(act.rec.data() + act.tile_start(row0)), stride(act.tile), codes(span_codes) {}
 
   // One span of the weight row against the tile's records of it.
   static inline __attribute__((always_inline)) void step(Acc& acc, const SpanWeights<Q>& w, const SpanRecord<S>* x) {
