@@ -128,14 +128,15 @@ std::vector<ggml_ext::RowsCopyArgs> KVCacheAppend::place(const std::vector<mx::a
   for (int i = 0; i < 4 && data_size > 0; ++i) data_size += (out.shape(i) - 1) * strides[i];
   out.copy_shared_buffer(buffer, strides, view_flags(out.shape(), strides, data_size), data_size, 0);
   std::vector<ggml_ext::RowsCopyArgs> copies;
-  auto add = [&](const mx::array& src, int64_t count, int64_t row0) {
+  auto add = [&](int input, int64_t count, int64_t row0) {
+    const mx::array& src = inputs[input];
     if (count == 0 || B * H * D == 0) return;
     copies.push_back({data(src), data(out), B, H, count, D,
                       {src.strides()[0], src.strides()[1], src.strides()[2], src.strides()[3]}, capacity, row0,
-                      static_cast<int>(out.itemsize())});
+                      static_cast<int>(out.itemsize()), input});
   };
-  if (!in_place) add(cache, offset_, 0);
-  add(rows, rows.shape(2), offset_);
+  if (!in_place) add(0, offset_, 0);
+  add(1, rows.shape(2), offset_);
   return copies;
 }
 

@@ -384,7 +384,8 @@ def kv_cache_append(cache: mx.array, rows: mx.array, offset: int, step: int = 25
     rows: the cache's own when nothing else holds it (MLX lets it be donated: keep only the returned array, as
     with MLX's slice assignment) and its buffer has room, else a new one of ``offset + T`` rows rounded up to
     ``step``. So appending to what it returned writes only the new rows, one graph node where mlx-lm's KVCache
-    builds two (a slice update and a slice). CPU and CUDA (not on Metal yet: raises there). Differentiable in both
+    builds two (a slice update and a slice). CPU, CUDA and Metal (Metal's kernel checked only in an emulator).
+    Differentiable in both
     arrays; supports vmap and mx.compile.
     """
     _require_array("cache", cache)

@@ -1,7 +1,6 @@
 """ops.kv_cache_append: new key/value rows appended to an attention cache, against numpy's concatenation, and
-written in place where the cache's buffer has room. Runs on the device of MLX_GGML_EXT_DEVICE; Metal has no kernel
-for the op yet, so there the numbers are checked on the CPU stream and the GPU's refusal by
-test_the_gpu_backend_runs_it_or_says_so."""
+written in place where the cache's buffer has room. Runs on the device of MLX_GGML_EXT_DEVICE (the Metal kernel has
+run only in the emulator: tests/test_metal_emulation_kv_cache.py)."""
 
 import gc
 
@@ -12,8 +11,6 @@ import pytest
 from mlx_ggml_ext import ops
 from conftest import DEVICE, METAL
 from harness import DTYPES, random_array, to_numpy
-
-pytestmark = pytest.mark.usefixtures("cpu_stream_on_metal")
 
 
 def check(got, cache, rows, offset):
@@ -191,12 +188,8 @@ def test_bad_input_raises(case, error, match):
         mx.eval(ops.kv_cache_append(cache, rows, offset, step))
 
 
-def test_the_gpu_backend_runs_it_or_says_so():
-    """CUDA runs the op (checked here when MLX_GGML_EXT_DEVICE=gpu); Metal has no kernel and says so."""
+def test_on_the_default_device_stream():
+    """The op on the stream of MLX_GGML_EXT_DEVICE given explicitly (the CPU, CUDA or Metal kernel)."""
     rng = np.random.default_rng(10)
     cache, rows = random_array(rng, (1, 2, 8, 4), mx.float32), random_array(rng, (1, 2, 1, 4), mx.float32)
-    if METAL:
-        with pytest.raises(RuntimeError, match="KVCacheAppend has no GPU kernel"):
-            mx.eval(ops.kv_cache_append(cache, rows, 0, stream=mx.gpu))
-    else:
-        check(ops.kv_cache_append(cache, rows, 3, stream=DEVICE), cache, rows, 3)
+    check(ops.kv_cache_append(cache, rows, 3, stream=DEVICE), cache, rows, 3)

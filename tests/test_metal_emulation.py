@@ -148,7 +148,7 @@ def test_every_kernel_the_glue_asks_for_exists(metal):
             wanted |= {f"{k}_{t.lower()}_{sfx}" for k in ("dequantize", "qmv_x1", "qmv_x4", "qmv_x8", "qmm", "qmm_t",
                                                                 "mul_mat_id_x1", "mul_mat_id_x8",
                                                                 "mul_mat_id_t")}
-    wanted.add("mul_mat_id_group")
+    wanted |= {"mul_mat_id_group", "rows_copy_u16", "rows_copy_u32"}
     assert wanted <= metal.kernels, sorted(wanted - metal.kernels)
 
 

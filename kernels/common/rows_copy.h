@@ -15,6 +15,7 @@ struct RowsCopyArgs {
   int64_t strides[4];
   int64_t dst_rows, row0;
   int element_bytes;
+  int input;  // which of the op's inputs src is (0: the cache, 1: the new rows): Metal binds it by index
 };
 
 // The copies one CUDA launch makes (an append's kept rows into a new buffer and its new rows: one launch, not two);

@@ -98,4 +98,13 @@ struct AttentionArgs {
 // the queries stay in threadgroup memory as floats (rows x max_dim x 4 bytes: 16 KiB at most).
 constexpr uint32_t attention_rows(uint32_t max_dim) { return max_dim <= 256 ? 16 : 8; }
 
+// The KVCacheAppend primitive's copies (csrc/kv_cache.h; kernels/common/rows_copy.h has the CPU and CUDA form):
+// src (batch, heads, rows, dim) read through its element strides, written into rows row0.. of the row-major
+// (batch, heads, dst_rows, dim) dst, as 16- or 32-bit words (the kernel's suffix: the copy converts nothing).
+struct RowsCopyArgs {
+  uint32_t batch, heads, rows, dim;
+  int32_t strides[4];
+  uint32_t dst_rows, row0;
+};
+
 }  // namespace ggml_ext_metal

@@ -141,6 +141,11 @@ int main(int argc, char** argv) {
                                        u32(f, "N"), u32(f, "K"), u32(f, "row_bytes"),
                                        // the emulator's buffers start 128-byte aligned
                                        u32_or(f, "w_line", 0), u32_or(f, "x_line", 0)}));
+  } else if (op == "rows_copy") {
+    RowsCopyArgs a{u32(f, "batch"), u32(f, "heads"), u32(f, "rows"), u32(f, "dim"), {}, u32(f, "dst_rows"),
+                   u32(f, "row0")};
+    ints4(f, "strides", a.strides);
+    print(plan_rows_copy(u32(f, "element_bytes"), a));
   } else if (op == "attention") {
     // the emulator's buffers start 128-byte aligned
     print(plan_attention(field(f, "dtype"), attention_args(f), u32_or(f, "k_line", 0), u32_or(f, "v_line", 0)));

@@ -57,6 +57,14 @@ inline Plan<GluArgs> plan_glu(const std::string& kind, const std::string& dtype,
   return {"glu_" + kind + "_" + dtype, args, {{ceil_div_u32(args.cols, threads), args.rows, 1}, threads, 0}};
 }
 
+// rows_copy: a thread per element of a (batch, head)'s rows (threadgroups of 256 along them, grid x), one grid row
+// per (batch, head); element_bytes 2 or 4.
+inline Plan<RowsCopyArgs> plan_rows_copy(uint32_t element_bytes, const RowsCopyArgs& args) {
+  const uint64_t per_head = uint64_t(args.rows) * args.dim;
+  return {element_bytes == 2 ? "rows_copy_u16" : "rows_copy_u32", args,
+          {{ceil_div_u32(per_head, 256), args.batch * args.heads, 1}, 256, 0}};
+}
+
 // Quantized types: a thread per run of 16 elements; float types (block_size 1): a thread per element.
 inline Plan<DequantizeArgs> plan_dequantize(const std::string& type_name, uint32_t block_size, const std::string& dtype,
                                             uint64_t n_blocks) {

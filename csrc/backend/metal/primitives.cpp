@@ -172,7 +172,4 @@ void RopeQKV::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
   throw_no_gpu_kernel("RopeQKV");
 }
 
-// No Metal kernel for the cache update yet (the models keep mlx-lm's cache update on Metal, as its attention).
-MLX_GGML_EXT_NO_GPU_KERNEL(KVCacheAppend)
-
 }  // namespace mlx_ggml_ext
