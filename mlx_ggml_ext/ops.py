@@ -142,8 +142,8 @@ def rope_qkv(qkv: mx.array, positions: Union[mx.array, int], heads: int, kv_head
     ``(q, k)`` is returned (v a projection of its own). ``q_norm`` and ``k_norm`` (both or neither, float ``(D,)``):
     every q (k) head is first ``rms_norm``-ed over its D elements with that weight and ``norm_eps``, in float32
     (Qwen 3's and Gemma 3's q/k norms). The numbers of reshape, split, ``rms_norm``, ``rope`` and swapaxes, in one
-    kernel (CPU and CUDA; not on Metal yet: raises there), and one node in the graph instead of eleven (fifteen
-    with the norms). The outputs are views of one buffer. Differentiable in qkv, freq_factors and the norm
+    kernel (CPU, CUDA and Metal; Metal's checked only in an emulator), and one node in the graph instead of eleven
+    (fifteen with the norms). The outputs are views of one buffer. Differentiable in qkv, freq_factors and the norm
     weights; supports vmap and mx.compile.
     """
     _require_array("qkv", qkv)

@@ -48,17 +48,6 @@ def device():
 METAL = DEVICE == mx.gpu and mlx_ggml_ext._ext.gpu_backend() == "metal"
 
 
-@pytest.fixture
-def cpu_stream_on_metal():
-    """For the tests of an op with no Metal kernel yet: on Metal their numbers are checked on the CPU stream (the
-    GPU's refusal by a test of its own); on every other device on the default stream."""
-    if METAL:
-        with mx.stream(mx.cpu):
-            yield
-    else:
-        yield
-
-
 @pytest.fixture(params=mlx_ggml_ext.cpu_isas() if DEVICE == mx.cpu else [mlx_ggml_ext.cpu_isa()])
 def cpu_isa(request):
     """Runs a CPU test once per kernel variant this CPU supports (base/NEON, AVX2, AVX-512); on the GPU,

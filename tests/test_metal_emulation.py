@@ -373,7 +373,7 @@ def check_rope(metal, case, dtype, in_place=False):
                       theta_scale=float(theta_scale), freq_scale=float(params["freq_scale"]), mscale=float(mscale),
                       sin_sign=float(sin_sign), **({"vec4": c["vec4"]} if "vec4" in c else {}))
     buffers = {0: x, 2: positions, 3: factors if factors is not None else x,  # as csrc/backend/metal binds
-               4: ramp if ramp is not None else x}
+               4: ramp if ramp is not None else x, 6: x, 7: x}
     if not in_place:
         buffers[1] = np.full(x.shape, 0xFF, storage)
     out = metal.dispatch_plan(plan, buffers, args_index=5, seed=len(case), aliases={1: 0} if in_place else None)
@@ -788,7 +788,7 @@ def test_rope_traffic(metal, neox, dtype):
     plan = metal.plan("rope", dtype=dtype, batches=1, tokens=4, heads=8, dim=128, n_dims=128,
                       batches_per_positions_row=1, batches_per_factors_row=1, neox=neox, has_factors=0, has_ramp=0,
                       theta_scale=0.9, freq_scale=1.0, mscale=1.0, sin_sign=1.0)
-    metal.dispatch_plan(plan, {0: x, 1: np.zeros_like(x), 2: np.arange(4, dtype=np.int32), 3: x, 4: x},
+    metal.dispatch_plan(plan, {0: x, 1: np.zeros_like(x), 2: np.arange(4, dtype=np.int32), 3: x, 4: x, 6: x, 7: x},
                         args_index=5, traffic=True)
     f = emu.traffic_figures(plan["kernel"], f"tokens=4 heads=8 dim=128 {'neox' if neox else 'normal'}",
                             metal.traffic, None, x.nbytes, ignore=(5,), threadgroup_bytes=plan["threadgroup_bytes"])

@@ -1,6 +1,6 @@
 """ops.rope_qkv: a fused q/k/v row split into heads, q and k rotated, against the SPEC's numpy rope (reference.rope)
-applied head group by head group. Runs on the device of MLX_GGML_EXT_DEVICE; Metal has no kernel for the op yet, so
-there the numbers are checked on the CPU stream and the GPU's refusal by test_the_gpu_backend_runs_it_or_says_so."""
+applied head group by head group. Runs on the device of MLX_GGML_EXT_DEVICE (the Metal kernel has run only in the
+emulator: tests/test_metal_emulation_rope_qkv.py)."""
 
 import itertools
 
@@ -9,10 +9,8 @@ import numpy as np
 import pytest
 
 from mlx_ggml_ext import ops, reference
-from conftest import DEVICE, METAL
+from conftest import DEVICE
 from harness import DTYPES, assert_close, random_array, to_numpy
-
-pytestmark = pytest.mark.usefixtures("cpu_stream_on_metal")
 
 YARN = dict(freq_scale=0.25, ext_factor=0.75, attn_factor=1.3, beta_fast=32.0, beta_slow=1.0, n_ctx_orig=4096)
 
@@ -301,12 +299,8 @@ def test_bad_input_raises_clearly(call, error, match):
         mx.eval(*call())
 
 
-def test_the_gpu_backend_runs_it_or_says_so():
-    """CUDA runs the op (checked here when MLX_GGML_EXT_DEVICE=gpu); Metal has no kernel and says so."""
+def test_on_the_default_device_stream():
+    """The op on the stream of MLX_GGML_EXT_DEVICE given explicitly (the CPU, CUDA or Metal kernel)."""
     rng = np.random.default_rng(12)
     qkv = random_array(rng, (1, 2, 4 * 16), mx.float32)
-    if METAL:
-        with pytest.raises(RuntimeError, match="RopeQKV has no GPU kernel"):
-            mx.eval(*ops.rope_qkv(qkv, 0, 2, 1, 16, stream=mx.gpu))
-    else:
-        check(ops.rope_qkv(qkv, 5, 2, 1, 16, stream=DEVICE), qkv, np.arange(5, 7), 2, 1, 16, "normal")
+    check(ops.rope_qkv(qkv, 5, 2, 1, 16, stream=DEVICE), qkv, np.arange(5, 7), 2, 1, 16, "normal")

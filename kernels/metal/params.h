@@ -24,6 +24,9 @@ struct RmsNormArgs {
 // x (batches, tokens, heads, dim); the angle constants as in kernels/cpu/rope.h (RopeAngles), computed on
 // the host for every backend; ramp: the YaRN mix per pair when has_ramp. vec4: 4-element loads and stores
 // (launch_plans.h, rope_vec4_shape, and x and y starting on 4-element boundaries, which the host knows).
+// rope_qkv (csrc/rope_qkv.h): the last copied_heads heads of each token copied unrotated (a fused row's v heads);
+// with has_norm every rotated head is first rms-normed over its dim elements (norm_eps) and multiplied by q_norm
+// (heads < q_heads) or k_norm, float32 (dim) each (Qwen 3's and Gemma 3's per-head norms).
 struct RopeArgs {
   uint32_t tokens, heads, dim, n_dims;
   uint32_t batches_per_positions_row;
@@ -31,6 +34,8 @@ struct RopeArgs {
   uint32_t neox, has_factors, has_ramp;
   float theta_scale, freq_scale, mscale, sin_sign;
   uint32_t vec4;
+  uint32_t copied_heads, has_norm, q_heads;
+  float norm_eps;
 };
 
 // rows of `cols` outputs; gate row r at r * in_stride, up `up_offset` elements further in its buffer (the same

@@ -11,8 +11,8 @@ It applies where the attention is one of the classes below (their calls are that
 with a norm of each q and k head first, which the op takes too), its rope a plain GGMLRoPE and its q and k (and v)
 one product in that order: v can be a product of its own (a Q4_K_M file's v
 weights often have another block type than q and k). The call checks per call that the projections are still those
-(a LoRA layer put in their place afterwards takes mlx-lm's call again), and falls back to mlx-lm's call on Metal
-(no rope_qkv kernel there) and for per-sequence cache offsets (batched caches).
+(a LoRA layer put in their place afterwards takes mlx-lm's call again), and falls back to mlx-lm's call for
+per-sequence cache offsets (batched caches).
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ ATTENTION_CLASSES = {
     ("mlx_lm.models.qwen3_moe", "Attention"): ("n_heads", "n_kv_heads", True),
     ("mlx_lm.models.gemma3_text", "Attention"): ("n_heads", "n_kv_heads", True),
 }
-_METAL_BUILD = _ext.gpu_backend() == "metal"
 
 
 def _product_plan(attention: nn.Module):
@@ -57,8 +56,7 @@ def _product_plan(attention: nn.Module):
 def _call(self, x: mx.array, mask=None, cache=None) -> mx.array:
     offset = 0 if cache is None else cache.offset
     name, kept, with_v = self._rope_qkv_plan
-    if (type(offset) is not int or (_METAL_BUILD and mx.default_device() == mx.gpu)
-            or any(self[n] is not m for n, m in zip(self._rope_qkv_names, kept))):
+    if type(offset) is not int or any(self[n] is not m for n, m in zip(self._rope_qkv_names, kept)):
         return super(type(self), self).__call__(x, mask, cache)
     B, L, _ = x.shape
     rope, (heads, kv_heads) = self["rope"], self._rope_qkv_heads

@@ -121,7 +121,10 @@ int main(int argc, char** argv) {
                              u32(f, "has_factors"), u32(f, "has_ramp"), f32(f, "theta_scale"), f32(f, "freq_scale"),
                              f32(f, "mscale"), f32(f, "sin_sign"),
                              // the emulator's buffers start 128-byte aligned
-                             u32_or(f, "vec4", rope_vec4_shape(u32(f, "dim"), u32(f, "n_dims"), u32(f, "neox") != 0))}));
+                             u32_or(f, "vec4", rope_vec4_shape(u32(f, "dim"), u32(f, "n_dims"), u32(f, "neox") != 0) &&
+                                                   !u32_or(f, "has_norm", 0)),
+                             u32_or(f, "copied_heads", 0), u32_or(f, "has_norm", 0), u32_or(f, "q_heads", 0),
+                             f.count("norm_eps") ? f32(f, "norm_eps") : 0.0f}));
   } else if (op == "glu") {
     print(plan_glu(field(f, "kind"), field(f, "dtype"),
                    GluArgs{u32(f, "rows"), u32(f, "cols"), u32(f, "in_stride"), u32(f, "up_offset"), f32(f, "alpha"),

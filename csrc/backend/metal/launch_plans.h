@@ -43,11 +43,13 @@ inline bool rope_vec4_shape(uint32_t dim, uint32_t n_dims, bool neox) {
   return dim % 4 == 0 && n_dims % (neox ? 8 : 4) == 0;
 }
 
-// One threadgroup per (token, batch), holding the cos and sin of the token's n_dims/2 pairs.
+// One threadgroup per (token, batch), holding the cos and sin of the token's n_dims/2 pairs (and with has_norm
+// each rotated head's norm scale).
 inline Plan<RopeArgs> plan_rope(const std::string& dtype, uint32_t batches, const RopeArgs& args) {
   const uint32_t pairs = args.n_dims / 2;
   const uint32_t threads = std::clamp<uint32_t>(ceil_div_u32(uint64_t(args.heads) * pairs, 32) * 32, 32, 256);
-  return {"rope_" + dtype, args, {{args.tokens, batches, 1}, threads, round_up_16(2 * pairs * sizeof(float))}};
+  const uint64_t scales = args.has_norm ? args.heads - args.copied_heads : 0;
+  return {"rope_" + dtype, args, {{args.tokens, batches, 1}, threads, round_up_16((2 * pairs + scales) * sizeof(float))}};
 }
 
 // glu: a thread per output element, threadgroups of up to 256 along a row, one grid row per output row;

@@ -75,47 +75,82 @@ void AddRMSNorm::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::
       .dispatch(plan.grid);
 }
 
-void RoPE::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
-  constexpr const char* op = "rope";
-  const auto& x = inputs[0];  // every input row-contiguous: the op inserted the copies
-  const auto& positions = inputs[1];
-  const bool has_factors = inputs.size() > 2;
-  output_shapes(inputs);  // throws on inputs that do not fit (never divide by zero below)
-  allocate_like_or_donate(x, out);
-  if (out.size() == 0) return;
-  const RopeExtent e = rope_extent(inputs, params_);
-  if (params_.n_dims * sizeof(float) > 32768) {
-    throw std::invalid_argument(cat("[", op, "] n_dims = ", params_.n_dims, " exceeds the Metal kernel's table."));
+namespace {
+
+// rope's dispatch: x (row-contiguous) read as `e` says, into `out` (with its memory), positions and the optional
+// freq_factors from `inputs` (rope's order); rope_qkv (`qkv`): its last v heads copied, its per-head norm weights
+// after rope's inputs.
+void encode_rope(const mx::Stream& stream, const RopeParams& p, bool inverse, const std::vector<mx::array>& inputs,
+                 const RopeExtent& e, mx::array& out, const RopeQKV* qkv = nullptr) {
+  const char* op = qkv ? "rope_qkv" : "rope";
+  const auto& x = inputs[0];
+  const bool has_factors = qkv ? qkv->rope_inputs() > 2 : inputs.size() > 2;
+  const bool has_norm = qkv && qkv->norm().on;
+  if (p.n_dims * sizeof(float) + (has_norm ? e.heads * sizeof(float) : 0) > 32768) {
+    throw std::invalid_argument(cat("[", op, "] n_dims = ", p.n_dims, " with ", e.heads,
+                                    " heads exceeds the Metal kernel's table."));
   }
-  const auto angles = rope_angles(params_, inverse_);
-  const auto ramp = rope_ramp(params_);
-  // 4-element vectors where the rows and both arrays allow them.
-  const bool vec4 = gm::rope_vec4_shape(static_cast<uint32_t>(e.dim), static_cast<uint32_t>(params_.n_dims),
-                                        params_.mode == RopeMode::neox) &&
-                    aligned4(x) && aligned4(out);
+  const auto angles = rope_angles(p, inverse);
+  const auto ramp = rope_ramp(p);
+  // 4-element vectors where the rows and both arrays allow them (the norms take the element-wise path).
+  const bool vec4 = gm::rope_vec4_shape(static_cast<uint32_t>(e.dim), static_cast<uint32_t>(p.n_dims),
+                                        p.mode == RopeMode::neox) &&
+                    aligned4(x) && aligned4(out) && !has_norm;
   const gm::RopeArgs args{checked_u32(e.tokens, op, "tokens"),
                           checked_u32(e.heads, op, "heads"),
                           checked_u32(e.dim, op, "head dim"),
-                          static_cast<uint32_t>(params_.n_dims),
+                          static_cast<uint32_t>(p.n_dims),
                           checked_u32(e.batches_per_positions, op, "batches"),
                           checked_u32(e.batches_per_factors, op, "batches"),
-                          params_.mode == RopeMode::neox ? 1u : 0u,
+                          p.mode == RopeMode::neox ? 1u : 0u,
                           has_factors ? 1u : 0u,
                           ramp.empty() ? 0u : 1u,
                           angles.theta_scale,
                           angles.freq_scale,
                           angles.mscale,
                           angles.sin_sign,
-                          vec4 ? 1u : 0u};
+                          vec4 ? 1u : 0u,
+                          qkv ? static_cast<uint32_t>(qkv->heads().v) : 0u,
+                          has_norm ? 1u : 0u,
+                          qkv ? static_cast<uint32_t>(qkv->heads().q) : 0u,
+                          has_norm ? qkv->norm().eps : 0.0f};
   const auto plan = gm::plan_rope(metal_dtype_suffix(out.dtype()), checked_u32(e.batches, op, "batches"), args);
-  MetalKernel kernel(stream(), plan.kernel);
-  kernel.input(x, 0).output(out, 1).input(positions, 2).input(has_factors ? inputs[2] : x, 3);
+  MetalKernel kernel(stream, plan.kernel);
+  kernel.input(x, 0).output(out, 1).input(inputs[1], 2).input(has_factors ? inputs[2] : x, 3);
   if (ramp.empty()) {
     kernel.input(x, 4);  // never read without YaRN
   } else {
     kernel.temporary_input(mx::array(ramp.begin(), {static_cast<int>(ramp.size())}, mx::float32), 4);
   }
-  kernel.bytes(plan.args, 5).dispatch(plan.grid);
+  const size_t norms = has_norm ? qkv->rope_inputs() : 0;  // the norm weights follow rope's inputs
+  kernel.bytes(plan.args, 5)
+      .input(norms ? inputs[norms] : x, 6)  // never read without norms
+      .input(norms ? inputs[norms + 1] : x, 7)
+      .dispatch(plan.grid);
+}
+
+}  // namespace
+
+void RoPE::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  // every input row-contiguous: the op inserted the copies
+  output_shapes(inputs);  // throws on inputs that do not fit (never divide by zero below)
+  allocate_like_or_donate(inputs[0], out);
+  if (out.size() == 0) return;
+  encode_rope(stream(), params_, inverse_, inputs, rope_extent(inputs, params_), out);
+}
+
+void RopeQKV::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  // every input row-contiguous: the op inserted the copies
+  output_shapes(inputs);  // throws on inputs that do not fit (never divide by zero below)
+  auto buffer = rope_qkv_buffer(inputs[0], heads_);
+  buffer.set_data(mx::allocator::malloc(buffer.nbytes()));  // never qkv's (rope_qkv.h, rope_qkv_buffer)
+  if (buffer.size() > 0) {
+    // the extent of qkv read as (..., T, Hq + Hk + Hv, D)
+    std::vector<mx::array> as_heads(inputs.begin(), inputs.begin() + rope_inputs());
+    as_heads[0] = buffer;
+    encode_rope(stream(), params_, false, inputs, rope_extent(as_heads, params_), buffer, this);
+  }
+  rope_qkv_views(buffer, heads_, outputs);
 }
 
 void Dequantize::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
@@ -166,10 +201,5 @@ void QuantizedMatmul::eval_gpu(const std::vector<mx::array>& inputs, mx::array& 
 
 // quantize has no Metal kernel yet (the K-quant search is a CPU design): a clear error.
 MLX_GGML_EXT_NO_GPU_KERNEL(Quantize)
-
-// The Metal rope kernel cannot copy a fused row's v heads yet: the models keep mlx-lm's attention on Metal.
-void RopeQKV::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
-  throw_no_gpu_kernel("RopeQKV");
-}
 
 }  // namespace mlx_ggml_ext
