@@ -198,6 +198,12 @@ std::pair<std::vector<mx::array>, std::vector<int>> RopeQKV::vmap(const std::vec
   return {mx::vmap(unfused(params_, heads_, norm_, has_factors_, stream()), axes, out_axes)(inputs), out_axes};
 }
 
+RopeExtent RopeQKV::heads_extent(const std::vector<mx::array>& inputs, const mx::array& buffer) const {
+  std::vector<mx::array> as_heads(inputs.begin(), inputs.begin() + rope_inputs());
+  as_heads[0] = buffer;
+  return rope_extent(as_heads, params_);
+}
+
 mx::array rope_qkv_buffer(const mx::array& qkv, QkvHeads heads) {
   return mx::array(heads_shape(qkv, heads), qkv.dtype(), nullptr, {});
 }

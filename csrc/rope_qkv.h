@@ -59,6 +59,8 @@ class RopeQKV : public mx::Primitive {
   QkNorm norm() const { return norm_; }
   // How many of the inputs are rope's (qkv, positions[, freq_factors]); the norm weights follow.
   size_t rope_inputs() const { return has_factors_ ? 3 : 2; }
+  // What rope's kernels take: qkv's extent read as the buffer's (..., T, Hq + Hk + Hv, D) (rope_qkv_buffer).
+  RopeExtent heads_extent(const std::vector<mx::array>& inputs, const mx::array& buffer) const;
 
  private:
   RopeParams params_;

@@ -63,11 +63,8 @@ void RopeQKV::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::arr
   auto buffer = rope_qkv_buffer(inputs[0], heads_);
   buffer.set_data(mx::allocator::malloc(buffer.nbytes()));  // never qkv's (rope_qkv.h, rope_qkv_buffer)
   if (buffer.size() > 0) {
-    // the extent of qkv read as (..., T, Hq + Hk + Hv, D)
-    std::vector<mx::array> as_heads(inputs.begin(), inputs.begin() + rope_inputs());
-    as_heads[0] = buffer;
     const HeadNorms norms = norm_.on ? HeadNorms{rope_inputs(), heads_.q, norm_.eps} : HeadNorms{};
-    run_rope(params_, false, inputs, rope_extent(as_heads, params_), buffer, heads_.v, stream(), norms);
+    run_rope(params_, false, inputs, heads_extent(inputs, buffer), buffer, heads_.v, stream(), norms);
   }
   rope_qkv_views(buffer, heads_, outputs);
 }

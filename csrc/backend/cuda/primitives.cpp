@@ -94,10 +94,7 @@ void RopeQKV::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::arr
   auto buffer = rope_qkv_buffer(inputs[0], heads_);
   auto& enc = cuda::begin(stream(), inputs, buffer);  // never qkv's (rope_qkv.h, rope_qkv_buffer)
   if (buffer.size() > 0) {
-    // the extent of qkv read as (..., T, Hq + Hk + Hv, D)
-    std::vector<mx::array> as_heads(inputs.begin(), inputs.begin() + rope_inputs());
-    as_heads[0] = buffer;
-    launch_rope(enc, params_, false, inputs, rope_extent(as_heads, params_), buffer, heads_.v, this);
+    launch_rope(enc, params_, false, inputs, heads_extent(inputs, buffer), buffer, heads_.v, this);
   }
   rope_qkv_views(buffer, heads_, outputs);
 }

@@ -31,7 +31,11 @@ void KVCacheAppend::eval_gpu(const std::vector<mx::array>& inputs, mx::array& ou
       args.strides[ax] = static_cast<int32_t>(s);
     }
     const auto plan = gm::plan_rows_copy(static_cast<uint32_t>(copy.element_bytes), args);
-    MetalKernel(stream(), plan.kernel).input(inputs[copy.input], 0).output(out, 1).bytes(plan.args, 2).dispatch(plan.grid);
+    MetalKernel(stream(), plan.kernel)
+        .input(inputs[copy.input], 0)
+        .output(out, 1)
+        .bytes(plan.args, 2)
+        .dispatch(plan.grid);
   }
 }
 

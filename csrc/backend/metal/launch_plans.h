@@ -49,7 +49,8 @@ inline Plan<RopeArgs> plan_rope(const std::string& dtype, uint32_t batches, cons
   const uint32_t pairs = args.n_dims / 2;
   const uint32_t threads = std::clamp<uint32_t>(ceil_div_u32(uint64_t(args.heads) * pairs, 32) * 32, 32, 256);
   const uint64_t scales = args.has_norm ? args.heads - args.copied_heads : 0;
-  return {"rope_" + dtype, args, {{args.tokens, batches, 1}, threads, round_up_16((2 * pairs + scales) * sizeof(float))}};
+  const uint32_t table_bytes = round_up_16((2 * pairs + scales) * sizeof(float));
+  return {"rope_" + dtype, args, {{args.tokens, batches, 1}, threads, table_bytes}};
 }
 
 // glu: a thread per output element, threadgroups of up to 256 along a row, one grid row per output row;

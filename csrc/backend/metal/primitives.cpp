@@ -144,12 +144,7 @@ void RopeQKV::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::arr
   output_shapes(inputs);  // throws on inputs that do not fit (never divide by zero below)
   auto buffer = rope_qkv_buffer(inputs[0], heads_);
   buffer.set_data(mx::allocator::malloc(buffer.nbytes()));  // never qkv's (rope_qkv.h, rope_qkv_buffer)
-  if (buffer.size() > 0) {
-    // the extent of qkv read as (..., T, Hq + Hk + Hv, D)
-    std::vector<mx::array> as_heads(inputs.begin(), inputs.begin() + rope_inputs());
-    as_heads[0] = buffer;
-    encode_rope(stream(), params_, false, inputs, rope_extent(as_heads, params_), buffer, this);
-  }
+  if (buffer.size() > 0) encode_rope(stream(), params_, false, inputs, heads_extent(inputs, buffer), buffer, this);
   rope_qkv_views(buffer, heads_, outputs);
 }
 
