@@ -149,8 +149,9 @@ def test_rope_qkv_attention_changes_no_number(key, tmp_path, monkeypatch):
 @pytest.mark.parametrize("key", ["llama", "gemma3"])
 def test_kv_cache_append_changes_no_number(key, tmp_path, monkeypatch):
     """models/qkv_attention.py appends each step's keys and values to mlx-lm's KVCache with ops.kv_cache_append
-    (gemma3: its global layers; the sliding ones keep mlx-lm's RotatingKVCache): the logits of prefill and cached
-    decode steps equal those of mlx-lm's update_and_fetch bit for bit (a copy), and the op ran."""
+    (gemma3: its sliding layers' RotatingKVCache too, one token at a time until the window is full, then mlx-lm's
+    rotation): the logits of prefill and cached decode steps equal those of mlx-lm's update_and_fetch bit for bit
+    (a copy, through the hand-over to the rotation), and the op ran for every cache update it applies to."""
     _use_float_products(monkeypatch)
     path = str(tmp_path / f"{key}.gguf")
     ref.write_model(path, ref.TINY_MODELS[key], matrix_types=[gguf.GGMLQuantizationType.Q8_0])
@@ -168,7 +169,11 @@ def test_kv_cache_append_changes_no_number(key, tmp_path, monkeypatch):
         logits[flag] = _cached_logits(model, TOKENS, prefill=3)
         calls = len(appended)
         if flag == "1":
-            assert calls > 0
+            m, steps, prefill = ref.TINY_MODELS[key], len(TOKENS) - 3, 3
+            sliding = sum(1 for i in range(m.n_layers) if m.arch == "gemma3" and i % 6 != 5)
+            # decode steps per cache: every one for a plain cache, those that fit the window for a sliding one
+            per_cache = (m.n_layers - sliding) * steps + sliding * min(steps, max(0, m.window - prefill))
+            assert calls == 2 * per_cache, (calls, per_cache)
         else:
             assert calls == 0
     np.testing.assert_array_equal(logits["1"], logits["0"])

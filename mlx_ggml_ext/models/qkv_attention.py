@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import KVCache
+from mlx_lm.models.cache import KVCache, RotatingKVCache
 
 from .. import _ext
 from ..nn import GGMLRMSNorm
@@ -85,14 +85,25 @@ def _call(self, x: mx.array, mask=None, cache=None) -> mx.array:
 def _update_cache(cache, k: mx.array, v: mx.array):
     """mlx-lm's KVCache.update_and_fetch with one ops.kv_cache_append node per cache (mlx-lm's builds two: a slice
     update and a slice), which writes the new rows into the cache's buffer; mlx-lm's own for every other cache class
-    (rotating, quantized, batched). cache.keys then holds the rows so far (a view of a longer buffer), which
-    mlx-lm's methods read as they read a full cache (keys.shape[2] >= offset)."""
+    (quantized, batched). cache.keys then holds the rows so far (a view of a longer buffer), which mlx-lm's methods
+    read as they read a full cache (keys.shape[2] >= offset). A RotatingKVCache (Gemma's sliding layers) appends the
+    same way one token at a time until its window is full: until then mlx-lm writes row `offset` too (_idx ==
+    offset) and returns the rows so far; at a full window keys holds exactly max_size rows, from where mlx-lm's
+    rotation takes over."""
     keys, values, offset = cache.keys, cache.values, cache.offset
-    if type(cache) is not KVCache or keys is None or k.dtype != keys.dtype or v.dtype != values.dtype:
+    if keys is None or k.dtype != keys.dtype or v.dtype != values.dtype:
+        return cache.update_and_fetch(k, v)
+    rotating = type(cache) is RotatingKVCache
+    if rotating:
+        if k.shape[2] != 1 or offset + 1 > cache.max_size or cache._idx != offset:
+            return cache.update_and_fetch(k, v)
+    elif type(cache) is not KVCache:
         return cache.update_and_fetch(k, v)
     cache.keys = k = _ext.kv_cache_append(keys, k, offset, cache.step)
     cache.values = v = _ext.kv_cache_append(values, v, offset, cache.step)
     cache.offset = k.shape[2]
+    if rotating:
+        cache._idx = cache.offset
     return k, v
 
 
