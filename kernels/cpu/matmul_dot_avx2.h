@@ -3,7 +3,6 @@
 #pragma once
 #include <bit>
 #include <cstring>
-#include <type_traits>
 #include <utility>
 
 #include "kernels/cpu/matmul_activations.h"
@@ -135,12 +134,6 @@ struct HalfScales {
     std::memcpy(scale, &sc.scale, sizeof scale);
     std::memcpy(offset, &sc.offset, sizeof offset);
   }
-  // Half H (0..7): chunks 2H and 2H + 1, 4 lanes each.
-  template <int H>
-  inline __attribute__((always_inline)) vf32x8 half_scale() const {
-    constexpr int c = 2 * H % 8;
-    return __builtin_shufflevector(scale[H / 4], scale[H / 4], c, c, c, c, c + 1, c + 1, c + 1, c + 1);
-  }
 };
 
 // The 8 scales and 8 mins of k4_scale_min_bytes as floats.
@@ -149,38 +142,13 @@ inline __attribute__((always_inline)) void k4_scale_min_floats(vu8x16 bytes, vf3
   min = (vf32x8)_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128((__m128i)bytes, 8)));
 }
 
-// Q4_K, Q5_K: 8 sub-block scales and mins, one per half, unpacked and converted in registers.
+// Q4_K and Q5_K: one scale and min per 32-element sub-block, i.e. per half (HalfRowDot's kHalfScaleProducts).
 template <class Q>
-struct K4HalfScales : HalfScales<Q> {
-  vf32x8 sub_scale;
-
-  inline __attribute__((always_inline)) void load_block(const typename Q::B* b) {
-    vf32x8 sub_min;
-    k4_scale_min_floats(k4_scale_min_bytes(b), sub_scale, sub_min);
-    sub_scale *= GGML_EXT_HALF_TO_FLOAT(b->d);
-    sub_min *= -GGML_EXT_HALF_TO_FLOAT(b->dmin);
-    this->scale[0] = __builtin_shufflevector(sub_scale, sub_scale, 0, 0, 1, 1, 2, 2, 3, 3);
-    this->scale[1] = __builtin_shufflevector(sub_scale, sub_scale, 4, 4, 5, 5, 6, 6, 7, 7);
-    this->offset[0] = __builtin_shufflevector(sub_min, sub_min, 0, 0, 1, 1, 2, 2, 3, 3);
-    this->offset[1] = __builtin_shufflevector(sub_min, sub_min, 4, 4, 5, 5, 6, 6, 7, 7);
-  }
-  template <int H>
-  inline __attribute__((always_inline)) vf32x8 half_scale() const {
-    return __builtin_shufflevector(sub_scale, sub_scale, H, H, H, H, H, H, H, H);
-  }
-};
-template <class Q>
-struct HalfScalesOf {
-  using type = HalfScales<Q>;
-};
+constexpr bool kSubBlockScales = false;
 template <>
-struct HalfScalesOf<GGML_EXT_BLOCK_FORMAT(q4_k, 256)> {
-  using type = K4HalfScales<GGML_EXT_BLOCK_FORMAT(q4_k, 256)>;
-};
+constexpr bool kSubBlockScales<GGML_EXT_BLOCK_FORMAT(q4_k, 256)> = true;
 template <>
-struct HalfScalesOf<GGML_EXT_BLOCK_FORMAT(q5_k, 256)> {
-  using type = K4HalfScales<GGML_EXT_BLOCK_FORMAT(q5_k, 256)>;
-};
+constexpr bool kSubBlockScales<GGML_EXT_BLOCK_FORMAT(q5_k, 256)> = true;
 
 // 256-element formats whose chunk scales are small integers times one float per block (the K-quants and IQ4_XS):
 // the integers multiply the code pairs in the int16-to-int32 step (madd, which otherwise multiplies by 1), so a
@@ -279,11 +247,13 @@ struct HalfRowDot {
   static constexpr bool kSums = kOffset || Codes::kZero != 0;  // whether the chunk sums take part
 #if defined(__AVX512VNNI__)
   // Q4_K and Q5_K: one scale per half, applied in float per half (see run).
-  static constexpr bool kHalfScaleProducts =
-      kOffset && std::is_same_v<typename HalfScalesOf<Q>::type, K4HalfScales<Q>>;
+  static constexpr bool kHalfScaleProducts = kOffset && kSubBlockScales<Q>;
 #else
   static constexpr bool kHalfScaleProducts = false;  // the integer-scale path (IntChunkScales) instead
 #endif
+  // Independent FMA chains of the 256-element paths (FMA latency 4 cycles): with one row of x a block's 8 halves
+  // would otherwise wait on each other.
+  static constexpr int kChains = MR == 1 ? 4 : MR == 2 ? 2 : 1;
   // Accumulators live in run() (as members, GCC stores them back after every step).
   using Acc = vf32x8[MR];
   TileView tile;
@@ -300,6 +270,15 @@ struct HalfRowDot {
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
       acc[r] += __builtin_convertvector((vi32x8)Codes::dot(w, rec[r].q + 32 * h), vf32x8) * (sw * rec[r].d[h]);
+    }
+  }
+
+  // The chains' sums per row of x, into acc.
+  static inline __attribute__((always_inline)) void fold_chains(Acc& acc, Acc (&chains)[kChains]) {
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      for (int c = 1; c < kChains; ++c) chains[0][r] += chains[c][r];
+      acc[r] = chains[0][r];
     }
   }
 
@@ -327,7 +306,7 @@ struct HalfRowDot {
   }
 
   // What 256-element block blk adds beyond the codes' dot, from its float chunk scales and offsets.
-  inline __attribute__((always_inline)) void block_chunk_sums(Acc& sums_acc, const typename HalfScalesOf<Q>::type& sc,
+  inline __attribute__((always_inline)) void block_chunk_sums(Acc& sums_acc, const HalfScales<Q>& sc,
                                                               int64_t blk) const {
     constexpr float kCenter = static_cast<float>(code_center<Q, kOffset>());
     const vf32x8 offset[2] = {sc.offset[0] + sc.scale[0] * kCenter, sc.offset[1] + sc.scale[1] * kCenter};
@@ -408,15 +387,14 @@ struct HalfRowDot {
 #pragma GCC unroll 8
       for (int r = 0; r < MR; ++r) acc[r] += acc_odd[r];
     } else if constexpr (kHalfScaleProducts) {
-      // Q4_K, Q5_K with VNNI: one scale per half (its sub-block's), so the float work of a half is one conversion
-      // and one FMA by its lane of the block's scale products (sub-block scale times x's block scale, 8 lanes,
-      // one multiply per block and row of x, read back by broadcast loads); the centering and the mins are
-      // applied per sub-block from x's block sums, as in the integer-scale path. The half-by-half float path
-      // this replaces (a chunk-scale broadcast, a multiply and an FMA per half, and per block the 16-chunk sums)
-      // ran one row of x at about 123 instructions a block: compute-bound at 0.5-0.6 of the read roofline on
-      // Zen 4 (bench/cpu_kernel_driver.cpp, Q4_K 8192 x 2048).
+      // Q4_K, Q5_K with VNNI: one scale per half (its sub-block's), so the float work of a half is a permute of its
+      // lane of the block's scale products (sub-block scale times x's block scale, one multiply per block and row
+      // of x), a conversion and an FMA; the centering and the mins are applied per sub-block from x's block sums,
+      // as in the integer-scale path. The half-by-half float path this replaced (a chunk-scale broadcast, a
+      // multiply and a dependent FMA per half, the 16-chunk sums per block: ~123 instructions a block, now ~94)
+      // ran Q4_K 2048 x 2048, one row of x, one thread, Zen 4, at 0.174-0.209 ms, this one 0.129-0.131
+      // (bench/cpu_kernel_driver.cpp; tried and slower: docs/performance.md).
       static_assert(Codes::kZero == static_cast<int>(kCenter));
-      constexpr int kChains = MR == 1 ? 4 : MR == 2 ? 2 : 1;  // independent FMA chains (4-cycle latency)
       Acc chains[kChains] = {};
       vf32x8 products[MR];
       for (int64_t blk = begin; blk < end; ++blk) {
@@ -441,11 +419,7 @@ struct HalfRowDot {
                          sub_min * load_vec<vf32x8>(chunk_sums.block_x_of(r, 8 * blk));
         }
       }
-#pragma GCC unroll 8
-      for (int r = 0; r < MR; ++r) {
-        for (int c = 1; c < kChains; ++c) chains[0][r] += chains[c][r];
-        acc[r] = chains[0][r];
-      }
+      fold_chains(acc, chains);
     } else if constexpr (IntChunkScales<Q>::kHas) {
       // At 8 rows of x the block accumulators and the row accumulators (and Q6_K's sums) take more than AVX2's 16
       // vector registers, so GCC keeps some on the stack, touched once per block; the float path this replaced
@@ -483,7 +457,7 @@ struct HalfRowDot {
           acc[r] += block_sum * d;
         }
         if constexpr (kSums && !IntChunkScales<Q>::kSubBlockSums) {
-          typename HalfScalesOf<Q>::type sc;  // float chunk scales and offsets, for the sums
+          HalfScales<Q> sc;  // float chunk scales and offsets, for the sums
           sc.load_block(reinterpret_cast<const B*>(p));
           block_chunk_sums(sums_acc, sc, blk);
         }
@@ -494,9 +468,8 @@ struct HalfRowDot {
       // its two chunks' products, a conversion and an FMA, in 4 chains with one row of x. The per-half multiply
       // by x's scale and the one chain this replaces: Q6_K 2048 x 2048, one row of x, one thread, Zen 4 (AVX-512
       // variant, min of 41 in 4 alternated pairs on a noisy VM): 0.182-0.221 ms -> 0.166-0.213.
-      constexpr int kChains = MR == 1 ? 4 : MR == 2 ? 2 : 1;
       Acc chains[kChains] = {};
-      typename HalfScalesOf<Q>::type sc;
+      HalfScales<Q> sc;
       for (int64_t blk = begin; blk < end; ++blk) {
         const uint8_t* p = row + blk * sizeof(B);
         prefetch_ahead<3>(p);
@@ -517,11 +490,7 @@ struct HalfRowDot {
         }(std::make_integer_sequence<int, 8>{});
         if constexpr (kSums) block_chunk_sums(sums_acc, sc, blk);
       }
-#pragma GCC unroll 8
-      for (int r = 0; r < MR; ++r) {
-        for (int c = 1; c < kChains; ++c) chains[0][r] += chains[c][r];
-        acc[r] = chains[0][r];
-      }
+      fold_chains(acc, chains);
     }
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) res[r] = pairwise_sum(acc[r] + sums_acc[r]);
