@@ -26,18 +26,6 @@ struct AttentionShape {
   int64_t sinks_batch_stride = 0;
 };
 
-// q, k and v's element strides (signed: any view MLX makes) as the kernel's int32 strides.
-void checked_strides(const mx::array& a, const char* name, int32_t (&out)[4]) {
-  for (int ax = 0; ax < 4; ++ax) {
-    const int64_t s = a.strides()[ax];
-    if (s < std::numeric_limits<int32_t>::min() || s > std::numeric_limits<int32_t>::max()) {
-      throw std::invalid_argument(cat("[attention] ", name, " of shape ", shape_str(a.shape()), " has stride ", s,
-                                      " on axis ", ax, ", too large for the Metal kernel (copy it first)."));
-    }
-    out[ax] = static_cast<int32_t>(s);
-  }
-}
-
 }  // namespace
 
 void GLU::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
@@ -79,9 +67,9 @@ void Attention::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
   args.kv_len = checked_u32(shape.kv_len, op, "keys");
   args.head_dim = checked_u32(shape.head_dim, op, "head dim");
   args.v_dim = checked_u32(shape.v_dim, op, "value dim");
-  checked_strides(q, "q", args.q_strides);
-  checked_strides(k, "k", args.k_strides);
-  checked_strides(v, "v", args.v_strides);
+  checked_strides(q, op, "q", args.q_strides);
+  checked_strides(k, op, "k", args.k_strides);
+  checked_strides(v, op, "v", args.v_strides);
   const int mask = mask_index(inputs), sinks = sinks_index(inputs);
   for (int ax = 0; ax < 4; ++ax) args.mask_strides[ax] = checked_u32(shape.mask_strides[ax], op, "mask stride");
   args.has_mask = mask >= 0;

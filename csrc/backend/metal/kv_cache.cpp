@@ -2,8 +2,6 @@
 // then a dispatch per copy of kernels/metal/kv_cache.metal (the new rows; the old ones first when they move to a
 // new buffer). Written against MLX 0.32's Metal backend; not run on Apple hardware (the kernel and its launch
 // plan run in tests/test_metal_emulation_kv_cache.py).
-#include <limits>
-
 #include "csrc/backend/metal/metal_kernel.h"
 #include "csrc/kv_cache.h"
 
@@ -22,14 +20,8 @@ void KVCacheAppend::eval_gpu(const std::vector<mx::array>& inputs, mx::array& ou
                           checked_u32(copy.dst_rows, op, "cache rows"), checked_u32(copy.row0, op, "offset")};
     checked_u32(copy.rows * copy.dim, op, "elements per head");
     checked_u32(copy.batch * copy.heads, op, "batch x heads");
-    for (int ax = 0; ax < 4; ++ax) {
-      const int64_t s = copy.strides[ax];
-      if (s < std::numeric_limits<int32_t>::min() || s > std::numeric_limits<int32_t>::max()) {
-        throw std::invalid_argument(cat("[", op, "] stride ", s, " on axis ", ax,
-                                        " is too large for the Metal kernel (copy the array first)."));
-      }
-      args.strides[ax] = static_cast<int32_t>(s);
-    }
+    // the source's strides, as place() recorded them in copy.strides
+    checked_strides(inputs[copy.input], op, copy.input == 0 ? "cache" : "rows", args.strides);
     const auto plan = gm::plan_rows_copy(static_cast<uint32_t>(copy.element_bytes), args);
     MetalKernel(stream(), plan.kernel)
         .input(inputs[copy.input], 0)

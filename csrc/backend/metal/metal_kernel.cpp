@@ -49,6 +49,17 @@ uint32_t checked_u32(int64_t v, const char* op, const char* what) {
   return static_cast<uint32_t>(v);
 }
 
+void checked_strides(const mx::array& a, const char* op, const char* name, int32_t (&out)[4]) {
+  for (int ax = 0; ax < 4; ++ax) {
+    const int64_t s = a.strides()[ax];
+    if (s < std::numeric_limits<int32_t>::min() || s > std::numeric_limits<int32_t>::max()) {
+      throw std::invalid_argument(cat("[", op, "] ", name, " of shape ", shape_str(a.shape()), " has stride ", s,
+                                      " on axis ", ax, ", too large for the Metal kernel (copy it first)."));
+    }
+    out[ax] = static_cast<int32_t>(s);
+  }
+}
+
 std::string kernel_type_name(int type, const char* op) {
   std::string name = ggml_type_info(type, op).name;
   std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });

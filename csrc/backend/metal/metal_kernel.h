@@ -20,6 +20,9 @@ const char* metal_dtype_suffix(mx::Dtype dtype);
 
 // The kernels index with 32-bit counts (and 64-bit offsets): v, or a clear error rather than a wrap.
 uint32_t checked_u32(int64_t v, const char* op, const char* what);
+// A 4-d array's element strides (signed: any view MLX makes) as a kernel's int32 strides, or a clear error naming
+// the array (`name`) rather than a wrap.
+void checked_strides(const mx::array& a, const char* op, const char* name, int32_t (&out)[4]);
 
 // The type's name as the kernels spell it: "q4_k", "f32".
 std::string kernel_type_name(int type, const char* op);
