@@ -223,6 +223,9 @@ def main():
     p.add_argument("--mlx-4bit", action="store_true", help="also MLX's own affine 4-bit model of the same shape")
     p.add_argument("--unstacked", action="store_true",
                    help="also ours without stacked projections (models.load(stack_projections=False))")
+    p.add_argument("--unpacked", action="store_true",
+                   help="also ours with the Q4_K matrices as the file's blocks, not rows packed for the CPU "
+                        "(models.load(pack_rows=False))")
     p.add_argument("--one-pass-head", action="store_true",
                    help="also ours with the output head's x rounded once, as ggml does "
                         "(models.load(precise_head=False))")
@@ -272,6 +275,10 @@ def main():
         unstacked, _ = models.load(args.model, stack_projections=False)
         contenders["ours_unstacked"] = lambda: ours(unstacked, prompts, args.decode, 1, reps)
         mlx_models.append(unstacked)
+    if args.unpacked:
+        unpacked, _ = models.load(args.model, pack_rows=False)
+        contenders["ours_unpacked"] = lambda: ours(unpacked, prompts, args.decode, 1, reps)
+        mlx_models.append(unpacked)
     if args.one_pass_head:
         one_pass, _ = models.load(args.model, precise_head=False)
         contenders["ours_one_pass_head"] = lambda: ours(one_pass, prompts, args.decode, 1, reps)

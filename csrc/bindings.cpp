@@ -15,12 +15,14 @@
 #include "csrc/glu.h"
 #include "csrc/mul_mat_id.h"
 #include "csrc/quantize.h"
+#include "csrc/packed_rows.h"
 #include "csrc/quantized_matmul.h"
 #include "csrc/rms_norm.h"
 #include "csrc/rope.h"
 #include "csrc/kv_cache.h"
 #include "csrc/rope_qkv.h"
 #include "kernels/cpu/isa.h"
+#include "kernels/cpu/packed_rows.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/stream.h"
 
@@ -109,6 +111,10 @@ NB_MODULE(_ext, m) {
   m.def("quantized_matmul", &quantized_matmul, "x"_a, "w"_a, "ggml_type"_a = -1, nb::kw_only(),
         "stream"_a = nb::none(), "precise_x"_a = false,
         "x (..., K) @ W^T for W (N, K) given as ggml blocks (uint8 (N, row_bytes), with ggml_type) or floats.");
+  m.def("pack_rows", &pack_rows, "blocks"_a, "ggml_type"_a,
+        "Q4_K rows (uint8 (N, row_bytes), N % 8 == 0) packed 8 at a time for the CPU product (Q4_K_R8).");
+  m.def("unpack_rows", &unpack_rows, "packed"_a, "ggml_type"_a, "Q4_K_R8 bytes back to their Q4_K blocks.");
+  m.attr("Q4_K_R8") = ggml_ext::cpu::kTypeQ4KR8;
   m.def("mul_mat",
         [](const mx::array& a, int type, const std::vector<int>& a_shape, const mx::array& b, mx::StreamOrDevice s) {
           return mul_mat(a, type, mx::Shape(a_shape.begin(), a_shape.end()), b, s);

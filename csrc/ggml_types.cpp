@@ -1,6 +1,9 @@
 #include "csrc/ggml_types.h"
 
+#include <cstring>
+
 #include "kernels/common/ggml_blocks.h"
+#include "kernels/cpu/packed_rows.h"
 
 namespace mlx_ggml_ext {
 namespace {
@@ -21,6 +24,15 @@ const char* type_name(int type) {
 }  // namespace
 
 GGMLTypeInfo ggml_type_info(int type, const char* op) {
+  if (type == ggml_ext::cpu::kTypeQ4KR8) {
+    // The packed copy (kernels/cpu/packed_rows.h): a byte width per row of 148 per 256 elements, as 8 rows'
+    // share of a packed block. Only the product reads it; everything else would read its bytes as plain rows.
+    if (std::strcmp(op, kPackedRowsOp) != 0) {
+      throw std::invalid_argument(cat("[", op, "] Q4_K_R8 (rows packed for the CPU by pack_rows) is read by ",
+                                      kPackedRowsOp, " only; use unpack_rows to get the Q4_K blocks back."));
+    }
+    return {type, "Q4_K_R8", GGML_EXT_QK_K, static_cast<int>(ggml_ext::cpu::kPackedQ4KRowBytes)};
+  }
   const char* name = type_name(type);
   if (name == nullptr) {
     throw std::invalid_argument(cat("[", op, "] unsupported ggml type id ", type, "."));

@@ -14,7 +14,10 @@ struct GGMLTypeInfo {
   int type_size;     // bytes per block
 };
 
-// The type's layout, or a ValueError naming the op and the unknown id.
+// The one op that takes a packed copy of rows (pack_rows: Q4_K_R8, CPU only); every other op refuses it.
+constexpr const char* kPackedRowsOp = "quantized_matmul";
+
+// The type's layout, or a ValueError naming the op and the unknown id (or a packed type the op cannot read).
 GGMLTypeInfo ggml_type_info(int type, const char* op);
 
 // Bytes of a row of `elements` values; a ValueError when elements is not a multiple of the block size.

@@ -8,6 +8,7 @@
 #include "csrc/dequantize.h"
 #include "csrc/ggml_types.h"
 #include "kernels/common/ggml_blocks.h"
+#include "kernels/cpu/packed_rows.h"
 #include "mlx/transforms.h"
 
 namespace mlx_ggml_ext {
@@ -113,6 +114,10 @@ mx::array product_node(const mx::array& x, const mx::array& w, int type, bool tr
       return std::vector<mx::array>{product_node(cot[0], w, type, !transpose, mx::float32, stream)};
     };
     return mx::custom_vjp(forward, backward)({x})[0];
+  }
+  if (type == ggml_ext::cpu::kTypeQ4KR8 && stream.device == mx::Device::gpu) {
+    throw not_implemented_error(cat("[", kOp, "] Q4_K_R8 (rows packed by pack_rows) is a CPU layout with no GPU "
+                                    "kernel; keep the Q4_K blocks for the GPU (unpack_rows gives them back)."));
   }
   auto prim = std::make_shared<QuantizedMatmul>(stream, type, transpose, out_dtype, precise_x && !transpose);
   std::vector<mx::array> inputs = {kernel_input(x, stream), row_contiguous(w, stream)};
@@ -237,6 +242,11 @@ std::vector<mx::Shape> QuantizedMatmul::output_shapes(const std::vector<mx::arra
     throw std::invalid_argument(cat("[", kOp, "] x ", shape_str(x.shape()), " and ", info.name, " blocks ",
                                     shape_str(w.shape()), " do not make a product: the blocks need (..., N, "
                                     "bytes per row) with whole ", info.type_size, "-byte blocks", hint, "."));
+  }
+  if (type_ == ggml_ext::cpu::kTypeQ4KR8 && w.shape(2) % ggml_ext::cpu::kPackedRows != 0) {
+    throw std::invalid_argument(cat("[", kOp, "] Q4_K_R8 blocks ", shape_str(w.shape()), " must have a multiple of ",
+                                    ggml_ext::cpu::kPackedRows, " rows (they hold groups of 8 interleaved rows)",
+                                    hint, "."));
   }
   const int64_t K = transpose_ ? w.shape(2) : row_elements(type_, w.shape(3));
   if (x.shape(-1) != K) {

@@ -36,6 +36,7 @@ class GGMLLinear(nn.Module):
         self.precise_x = precise_x
         self.output_dims, self.input_dims = _matrix_shape(weight, "(output_dims, input_dims)")
         self.ggml_type = weight.ggml_type
+        self.kernel_type = int(weight.ggml_type)  # what the product reads: the type, or Q4_K_R8 once packed
         self.weight = weight.data
         if bias is not None:
             if not isinstance(bias, mx.array):
@@ -44,6 +45,21 @@ class GGMLLinear(nn.Module):
                 raise ValueError(f"bias must have shape ({self.output_dims},), got {tuple(bias.shape)}")
             self.bias = bias
         self.freeze(keys=["weight"])
+
+    @property
+    def packed(self) -> bool:
+        """Whether the weight is held as Q4_K rows packed for the CPU (:meth:`pack_rows`)."""
+        return self.kernel_type == _ext.Q4_K_R8
+
+    def pack_rows(self) -> bool:
+        """Replaces a Q4_K weight with its rows packed for the CPU's products
+        (:func:`mlx_ggml_ext.ops.pack_rows`: a copy, about twice as fast on AVX-512; the GPU refuses it).
+        Returns whether it did: only Q4_K weights with a multiple of 8 rows are packed."""
+        if self.packed or self.ggml_type != GGMLType.Q4_K or self.output_dims % 8 != 0:
+            return False
+        self.weight = _ext.pack_rows(self["weight"], int(GGMLType.Q4_K))
+        self.kernel_type = _ext.Q4_K_R8
+        return True
 
     def unfreeze(self, *args, **kwargs):
         super().unfreeze(*args, **kwargs)
@@ -60,17 +76,19 @@ class GGMLLinear(nn.Module):
 
     @property
     def tensor(self) -> GGMLTensor:
-        return GGMLTensor(self.weight, self.ggml_type, (self.output_dims, self.input_dims))
+        """The weight as ggml blocks (a packed weight unpacked: a copy)."""
+        data = _ext.unpack_rows(self["weight"], _ext.Q4_K_R8) if self.packed else self["weight"]
+        return GGMLTensor(data, self.ggml_type, (self.output_dims, self.input_dims))
 
     def _extra_repr(self) -> str:
         return (f"input_dims={self.input_dims}, output_dims={self.output_dims}, "
                 f"ggml_type={GGMLType(self.ggml_type).name}, bias={'bias' in self}"
-                + (", precise_x=True" if self.precise_x else ""))
+                + (", packed_rows=True" if self.packed else "") + (", precise_x=True" if self.precise_x else ""))
 
     def __call__(self, x: mx.array) -> mx.array:
         # Items read as dict items, not attributes: nn.Module's attribute fallback costs ~2 us a lookup, and a
         # decode token calls a model's linear layers hundreds of times.
-        y = _ext.quantized_matmul(x, self["weight"], self.ggml_type.value, precise_x=self.precise_x)
+        y = _ext.quantized_matmul(x, self["weight"], self.kernel_type, precise_x=self.precise_x)
         bias = self.get("bias")
         return y if bias is None else y + bias
 

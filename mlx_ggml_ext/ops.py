@@ -213,6 +213,42 @@ def quantize(w: mx.array, ggml_type, *, imatrix: mx.array = None, stream: Stream
     return _ext.quantize(w, int(GGMLType.of(ggml_type)), imatrix=imatrix, stream=stream)
 
 
+#: The type id of Q4_K rows packed by :func:`pack_rows` (not a ggml type: never in a file).
+Q4_K_R8 = _ext.Q4_K_R8
+
+
+def _type_id(ggml_type) -> int:
+    """A GGMLType's id, or Q4_K_R8's for the packed layout ("Q4_K_R8" in any case, or its id)."""
+    if ggml_type == Q4_K_R8 or (isinstance(ggml_type, str) and ggml_type.upper() == "Q4_K_R8"):
+        return Q4_K_R8
+    return int(GGMLType.of(ggml_type))
+
+
+def pack_rows(w: Union[GGMLTensor, mx.array], ggml_type=None) -> mx.array:
+    """Q4_K rows packed 8 at a time for the CPU's products: pass the result to :func:`quantized_matmul` with
+    ``ggml_type="Q4_K_R8"``.
+
+    ``w``: a Q4_K :class:`GGMLTensor` of shape ``(N, K)``, or its raw blocks (uint8 ``(N, K / 256 * 144)``) with
+    ``ggml_type="Q4_K"``; N must be a multiple of 8. Returns a new uint8 array ``(N, K / 256 * 148)`` (2.8% larger):
+    a copy made once, e.g. at load; the product on it reads 8 rows per vector and runs about twice as fast on
+    AVX-512 machines. CPU only: the GPU kernels do not read it (:func:`unpack_rows` gives the blocks back).
+    """
+    if isinstance(w, GGMLTensor):
+        if len(w.shape) != 2:
+            raise ValueError(f"w must be a 2-D weight (N, K), got a tensor of shape {w.shape}")
+        ggml_type, w = w.ggml_type, w.data
+    _require_array("w", w)
+    if ggml_type is None:
+        raise TypeError("pack_rows needs the blocks' ggml_type (Q4_K)")
+    return _ext.pack_rows(w, _type_id(ggml_type))
+
+
+def unpack_rows(packed: mx.array) -> mx.array:
+    """The Q4_K blocks (uint8 ``(N, K / 256 * 144)``) that :func:`pack_rows` packed into ``packed``, bit for bit."""
+    _require_array("packed", packed)
+    return _ext.unpack_rows(packed, Q4_K_R8)
+
+
 def quantized_matmul(x: mx.array, w: Union[GGMLTensor, mx.array], ggml_type=None, *, precise_x: bool = False,
                      stream: Stream = None) -> mx.array:
     """``x @ dequantize(w).T`` computed on the packed ggml blocks (the float matrix is never materialized,
@@ -220,7 +256,8 @@ def quantized_matmul(x: mx.array, w: Union[GGMLTensor, mx.array], ggml_type=None
 
     ``x``: float32/float16/bfloat16 of shape ``(..., K)``. ``w``: a :class:`GGMLTensor` of logical shape
     ``(N, K)``, or its raw blocks (uint8 ``(N, bytes_per_row)``) with ``ggml_type``, or a float32/float16/
-    bfloat16 array ``(N, K)``. Every type of :class:`GGMLType`; K must fill whole blocks of the type. Returns
+    bfloat16 array ``(N, K)``. Every type of :class:`GGMLType`, and on the CPU Q4_K rows packed by
+    :func:`pack_rows` (``ggml_type="Q4_K_R8"``); K must fill whole blocks of the type. Returns
     ``(..., N)`` in x's dtype. On the CPU, quantized weights meet x quantized to int8 per 32 elements (as
     ggml's CPU does); sums in float32. Differentiable in x (the weight's bytes have no gradient); supports
     vmap over x and over a batch of weights, and mx.compile. On a CUDA GPU, from 9 rows of x per weight matrix
@@ -244,7 +281,7 @@ def quantized_matmul(x: mx.array, w: Union[GGMLTensor, mx.array], ggml_type=None
         return _ext.quantized_matmul(x, w.data, int(w.ggml_type), stream=stream, precise_x=precise_x)
     if not isinstance(w, mx.array):
         raise TypeError(f"w must be a GGMLTensor or an mlx.core.array, got {type(w).__name__}")
-    return _ext.quantized_matmul(x, w, -1 if ggml_type is None else int(GGMLType.of(ggml_type)), stream=stream,
+    return _ext.quantized_matmul(x, w, -1 if ggml_type is None else _type_id(ggml_type), stream=stream,
                                  precise_x=precise_x)
 
 

@@ -47,6 +47,7 @@
 #include "kernels/cpu/matmul_grid_codes.h"
 #include "kernels/cpu/matmul_iq1_one_row.h"
 #include "kernels/cpu/matmul_iq_signed_one_row.h"
+#include "kernels/cpu/matmul_packed_rows.h"
 #include "kernels/cpu/matmul_transposed.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/simd.h"
@@ -236,8 +237,8 @@ void forward_on_codes(const MatmulArgs& a, const Act& act, const Codes& codes, i
 // The forward product on quantized activations: x's rows quantized into `act` (quantize_row, rows over the
 // threads), then every (row tile, weight row) through the row dot Dot<Q, MR, kOffset> (act_bytes: the
 // activations' bytes per element and row).
-template <template <class, int, bool> class Dot, class Q, bool kOffset, class Act, class Codes>
-void forward_on_rows(const MatmulArgs& a, Act&& act, const Codes& codes, int64_t act_bytes) {
+template <class Act>
+void quantize_x(const MatmulArgs& a, Act& act) {
   act.resize(a.M, a.K);
   GGML_EXT_FLOAT_SWITCH(a.x_type, In, {
     const auto* x = static_cast<const typename In::T*>(a.x);
@@ -245,14 +246,10 @@ void forward_on_rows(const MatmulArgs& a, Act&& act, const Codes& codes, int64_t
       for (int64_t m = m0; m < m1; ++m) quantize_row<In>(x + m * a.K, a.K, act, m);
     });
   });
-  forward_on_codes<Dot, Q, kOffset>(a, act, codes, act_bytes, 1);
 }
 
-// The same on x with its residual (MatmulArgs::precise_x): two rows of activations per row of x, in groups.
-template <class Q, bool kOffset>
-void forward_with_residual(const MatmulArgs& a) {
-  using R = typename DotFormatOf<Q>::type;
-  QuantizedRows act;
+// x with its residual (MatmulArgs::precise_x): two rows of activations per row of x, in groups.
+void quantize_x_with_residual(const MatmulArgs& a, QuantizedRows& act) {
   act.resize(2 * a.M, a.K);
   GGML_EXT_FLOAT_SWITCH(a.x_type, In, {
     const auto* x = static_cast<const typename In::T*>(a.x);
@@ -260,7 +257,43 @@ void forward_with_residual(const MatmulArgs& a) {
       for (int64_t m = m0; m < m1; ++m) quantize_row_with_residual<In>(x + m * a.K, a.K, act, m);
     });
   });
+}
+
+template <template <class, int, bool> class Dot, class Q, bool kOffset, class Act, class Codes>
+void forward_on_rows(const MatmulArgs& a, Act&& act, const Codes& codes, int64_t act_bytes) {
+  quantize_x(a, act);
+  forward_on_codes<Dot, Q, kOffset>(a, act, codes, act_bytes, 1);
+}
+
+template <class Q, bool kOffset>
+void forward_with_residual(const MatmulArgs& a) {
+  using R = typename DotFormatOf<Q>::type;
+  QuantizedRows act;
+  quantize_x_with_residual(a, act);
   forward_on_codes<RowDot, Q, kOffset>(a, act, RowCodes<R, kOffset>{}, sizeof(ActRecord) / kGroup, 2);
+}
+
+// Q4_K with 8 interleaved rows (kernels/cpu/packed_rows.h): forward on its own kernel; the transposed product
+// on each row's blocks unpacked back to Q4_K and decoded as float32.
+void matmul_packed_q4k(const MatmulArgs& a) {
+  const int64_t blocks = a.K / GGML_EXT_QK_K;
+  if (a.transpose) {
+    const auto* w = static_cast<const block_q4_k_r8*>(a.w);
+    return transposed(a, GGML_EXT_QK_K, [&](int64_t n, int64_t b0, int64_t b1, float* dst) {
+      for (int64_t b = b0; b < b1; ++b) {
+        block_q4_k block;
+        unpack_q4_k_block(w + n / kPackedRows * blocks + b, static_cast<int>(n % kPackedRows), &block);
+        for (int c = 0; c < GGML_EXT_QK_K / 16; ++c) ggml_ext_dequant16_q4_k(&block, c, dst + (b - b0) * GGML_EXT_QK_K + 16 * c);
+      }
+    });
+  }
+  QuantizedRows act;
+  if (a.precise_x) {
+    quantize_x_with_residual(a, act);
+    return forward_packed_q4k(a, act, 2);
+  }
+  quantize_x(a, act);
+  forward_packed_q4k(a, act, 1);
 }
 
 #if defined(__AVX512VNNI__) && defined(__AVX512VBMI__)
@@ -369,6 +402,7 @@ void quantized_matmul(const MatmulArgs& a) {
     case GGML_EXT_TYPE_F32: return a.transpose ? transposed_float<F32>(a) : forward_float<F32>(a);
     case GGML_EXT_TYPE_F16: return a.transpose ? transposed_float<F16>(a) : forward_float<F16>(a);
     case GGML_EXT_TYPE_BF16: return a.transpose ? transposed_float<BF16>(a) : forward_float<BF16>(a);
+    case kTypeQ4KR8: return matmul_packed_q4k(a);
     GGML_EXT_FOR_EACH_LAYOUT_QUANT_TYPE(GGML_EXT_MATMUL_CASE)
     GGML_EXT_FOR_EACH_DECODED_QUANT_TYPE(GGML_EXT_MATMUL_DECODED_CASE)
     default: return;  // the primitive validated the type

@@ -46,13 +46,38 @@ def _with_softcap(model_class):
     return SoftcappedModel
 
 
+# CPU kernel variants (mlx_ggml_ext.cpu_isa()) with a SIMD kernel for Q4_K rows packed by ops.pack_rows.
+PACKED_ROWS_ISAS = ("avx512",)
+
+
+def packs_rows_by_default() -> bool:
+    """Whether `load` packs Q4_K rows for the CPU when not told: MLX_GGML_EXT_PACK_ROWS=1/0 if set, else when the
+    default device is the CPU and its kernel variant has the packed SIMD kernel."""
+    env = os.environ.get("MLX_GGML_EXT_PACK_ROWS", "")
+    if env not in ("", "0", "1"):
+        raise ValueError(f"MLX_GGML_EXT_PACK_ROWS must be 0 or 1, got {env!r}")
+    if env:
+        return env == "1"
+    from .. import cpu_isa
+    return mx.default_device() == mx.cpu and cpu_isa() in PACKED_ROWS_ISAS
+
+
+def pack_linear_rows(model: nn.Module) -> int:
+    """Packs every Q4_K GGMLLinear's rows for the CPU (GGMLLinear.pack_rows); returns how many it packed."""
+    from ..nn import GGMLLinear
+    return sum(module.pack_rows() for module in model.modules() if isinstance(module, GGMLLinear))
+
+
 def build_model(gguf_file: _gguf.GGUFFile, progress: Progress = None, fused_ops: bool = True,
-                precise_head: bool = True, stack_projections: bool = True) -> nn.Module:
+                precise_head: bool = True, stack_projections: bool = True,
+                pack_rows: Optional[bool] = None) -> nn.Module:
     """The mlx-lm model of an already loaded GGUFFile (its tensors stay in the file's mapping). With `fused_ops`,
     attention and the gated feed-forward run on the package's kernels where they have one (models/fused.py),
     and with `stack_projections` too, a layer's q/k/v and gate/up of one block type are one product each
     (models/projections.py: fewer products per token, their weights copied once at load).
-    With `precise_head`, the output head (tied or not) takes x with its rounding residual (`precise_x`)."""
+    With `precise_head`, the output head (tied or not) takes x with its rounding residual (`precise_x`).
+    With `pack_rows` (default: packs_rows_by_default()), Q4_K matrices are copied into rows packed for the CPU
+    (ops.pack_rows: ~2x faster products on AVX-512; such a model runs on the CPU only)."""
     tensors = gguf_file.tensors
     config = model_config(gguf_file.metadata, {name: t.shape for name, t in tensors.items()})
     model_class, args_class = _mlx_lm_classes(config)
@@ -77,26 +102,29 @@ def build_model(gguf_file: _gguf.GGUFFile, progress: Progress = None, fused_ops:
             layer.self_attn.rope = FactorRoPE(config.rope_dims, config.args["rope_theta"], True, factors)
     if fused_ops:
         use_fused_ops(model, config.architecture, config.args["model_type"], stack_projections)
+    if packs_rows_by_default() if pack_rows is None else pack_rows:
+        pack_linear_rows(model)  # after stacking: the stacked products are what gets packed
     model.gguf_config = config
     return model
 
 
 def load(path: "str | os.PathLike", *, tokenizer: bool = True, progress: Progress = None, fused_ops: bool = True,
-         precise_head: bool = True, stack_projections: bool = True,
-         prefault: bool = True) -> Tuple[nn.Module, Optional[object]]:
+         precise_head: bool = True, stack_projections: bool = True, prefault: bool = True,
+         pack_rows: Optional[bool] = None) -> Tuple[nn.Module, Optional[object]]:
     """`(model, tokenizer)` for a GGUF file: the model as above, the tokenizer an mlx-lm TokenizerWrapper
     built from the file's vocabulary (None when `tokenizer=False`). `progress(done, total)` is called as the
     model's modules receive their tensors. `precise_head` (default): the output head's products take x in two
     int8 passes on the CPU (ggml's one pass loses about 1 top-1 token in 20 to a float64 forward on Gemma 3;
     docs/models.md), at about a third more time for the head at decode. `prefault` (default): every page of the
     file is mapped at load (`GGUFFile.prefault`), as llama.cpp does, instead of faulting in on first use during
-    the first tokens (0.5 s for a cached 2.8 GB file here).
+    the first tokens (0.5 s for a cached 2.8 GB file here). `pack_rows`: as in build_model (default: on when the
+    default device is an AVX-512 CPU, MLX_GGML_EXT_PACK_ROWS=0/1 decides otherwise).
 
     Raises NotImplementedError for an architecture other than llama (Mixtral-style experts included), qwen2,
     qwen3, qwen3moe, gemma3, phi3, gpt-oss."""
     gguf_file = _gguf.load(path)
     architecture_of(gguf_file.metadata)  # the clear error before anything else
-    model = build_model(gguf_file, progress, fused_ops, precise_head, stack_projections)
+    model = build_model(gguf_file, progress, fused_ops, precise_head, stack_projections, pack_rows)
     if prefault:
         gguf_file.prefault()
     tok = None
@@ -106,4 +134,4 @@ def load(path: "str | os.PathLike", *, tokenizer: bool = True, progress: Progres
     return model, tok
 
 
-__all__ = ["load", "build_model", "SUPPORTED_ARCHITECTURES", "LLAMA_CPP_DEFAULTS", "UnsupportedArchitecture"]
+__all__ = ["load", "build_model", "pack_linear_rows", "packs_rows_by_default", "SUPPORTED_ARCHITECTURES", "LLAMA_CPP_DEFAULTS", "UnsupportedArchitecture"]

@@ -96,11 +96,12 @@ class ProjectionSlice(nn.Module):
         return f"part={self._index}, output_dims={self.output_dims}"
 
     def unstacked(self) -> GGMLLinear:
-        """This projection alone: a GGMLLinear over its rows of the stacked weight (a view, no copy)."""
+        """This projection alone: a GGMLLinear over its rows of the stacked weight (a view, no copy; a copy of
+        the rows unpacked where the stack's rows are packed for the CPU)."""
         stacked = self._product.linear
         start, stop = self._product.starts[self._index], self._product.starts[self._index + 1]
         bias = stacked.get("bias")
-        return GGMLLinear(GGMLTensor(stacked["weight"][start:stop], stacked.ggml_type, (stop - start,
+        return GGMLLinear(GGMLTensor(stacked.tensor.data[start:stop], stacked.ggml_type, (stop - start,
                                                                                         stacked.input_dims)),
                           None if bias is None else bias[start:stop], precise_x=stacked.precise_x)
 
