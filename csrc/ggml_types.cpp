@@ -24,14 +24,17 @@ const char* type_name(int type) {
 }  // namespace
 
 GGMLTypeInfo ggml_type_info(int type, const char* op) {
-  if (type == ggml_ext::cpu::kTypeQ4KR8) {
-    // The packed copy (kernels/cpu/packed_rows.h): a byte width per row of 148 per 256 elements, as 8 rows'
-    // share of a packed block. Only the product reads it; everything else would read its bytes as plain rows.
+  if (type == ggml_ext::cpu::kTypeQ4KR8 || type == ggml_ext::cpu::kTypeQ6KR8) {
+    // A packed copy (kernels/cpu/packed_rows.h): a byte width per row of 8 rows' share of a packed block. Only
+    // the product reads it; everything else would read its bytes as plain rows.
+    const bool q4 = type == ggml_ext::cpu::kTypeQ4KR8;
+    const char* name = q4 ? "Q4_K_R8" : "Q6_K_R8";
     if (std::strcmp(op, kPackedRowsOp) != 0) {
-      throw std::invalid_argument(cat("[", op, "] Q4_K_R8 (rows packed for the CPU by pack_rows) is read by ",
-                                      kPackedRowsOp, " only; use unpack_rows to get the Q4_K blocks back."));
+      throw std::invalid_argument(cat("[", op, "] ", name, " (rows packed for the CPU by pack_rows) is read by ",
+                                      kPackedRowsOp, " only; use unpack_rows to get the blocks back."));
     }
-    return {type, "Q4_K_R8", GGML_EXT_QK_K, static_cast<int>(ggml_ext::cpu::kPackedQ4KRowBytes)};
+    return {type, name, GGML_EXT_QK_K,
+            static_cast<int>(q4 ? ggml_ext::cpu::kPackedQ4KRowBytes : ggml_ext::cpu::kPackedQ6KRowBytes)};
   }
   const char* name = type_name(type);
   if (name == nullptr) {

@@ -34,30 +34,56 @@ mx::array converted(const mx::array& rows, int64_t out_row_bytes,
   return out;
 }
 
+// The packed format of a plain type and back: Q4_K <-> Q4_K_R8, Q6_K <-> Q6_K_R8; 0 for any other.
+int packed_type_of(int plain) {
+  return plain == GGML_EXT_TYPE_Q4_K ? cpu::kTypeQ4KR8 : plain == GGML_EXT_TYPE_Q6_K ? cpu::kTypeQ6KR8 : 0;
+}
+
+const char* type_name(int type, const char* op) {
+  return type == cpu::kTypeQ4KR8 ? "Q4_K_R8" : type == cpu::kTypeQ6KR8 ? "Q6_K_R8" : ggml_type_info(type, op).name;
+}
+
+template <class P>
+mx::array convert(const mx::array& a, bool pack, const char* op) {
+  const int64_t in_bytes = pack ? sizeof(typename P::Plain) : sizeof(typename P::Packed) / cpu::kPackedRows;
+  const int64_t out_bytes = pack ? sizeof(typename P::Packed) / cpu::kPackedRows : sizeof(typename P::Plain);
+  const mx::array rows = checked_rows(a, op, pack ? "the blocks" : "the packed bytes", in_bytes);
+  const int64_t blocks = rows.shape(1) / in_bytes;
+  return converted(rows, blocks * out_bytes, pack ? cpu::pack_rows<P> : cpu::unpack_rows<P>, blocks);
+}
+
 }  // namespace
 
 mx::array pack_rows(const mx::array& blocks, int ggml_type) {
   constexpr const char* kOp = "pack_rows";
-  if (ggml_type != GGML_EXT_TYPE_Q4_K) {
-    throw std::invalid_argument(cat("[", kOp, "] packs Q4_K rows only (into Q4_K_R8), got ggml type ",
-                                    ggml_type == cpu::kTypeQ4KR8 ? "Q4_K_R8 (already packed)"
-                                                                 : ggml_type_info(ggml_type, kOp).name,
-                                    "."));
+  switch (ggml_type) {
+    case GGML_EXT_TYPE_Q4_K: return convert<cpu::PackedQ4K>(blocks, true, kOp);
+    case GGML_EXT_TYPE_Q6_K: return convert<cpu::PackedQ6K>(blocks, true, kOp);
+    default: break;
   }
-  const mx::array rows = checked_rows(blocks, kOp, "Q4_K blocks", sizeof(block_q4_k));
-  const int64_t n_blocks = rows.shape(1) / static_cast<int64_t>(sizeof(block_q4_k));
-  return converted(rows, n_blocks * cpu::kPackedQ4KRowBytes, cpu::pack_q4_k_rows, n_blocks);
+  const bool packed = ggml_type == cpu::kTypeQ4KR8 || ggml_type == cpu::kTypeQ6KR8;
+  throw std::invalid_argument(cat("[", kOp, "] packs Q4_K and Q6_K rows only, got ggml type ",
+                                  type_name(ggml_type, kOp), packed ? " (already packed)." : "."));
 }
 
 mx::array unpack_rows(const mx::array& packed, int ggml_type) {
   constexpr const char* kOp = "unpack_rows";
-  if (ggml_type != cpu::kTypeQ4KR8) {
-    throw std::invalid_argument(cat("[", kOp, "] unpacks Q4_K_R8 (pack_rows' output) only, got ggml type ",
-                                    ggml_type_info(ggml_type, kOp).name, "."));
+  switch (ggml_type) {
+    case cpu::kTypeQ4KR8: return convert<cpu::PackedQ4K>(packed, false, kOp);
+    case cpu::kTypeQ6KR8: return convert<cpu::PackedQ6K>(packed, false, kOp);
+    default: break;
   }
-  const mx::array rows = checked_rows(packed, kOp, "Q4_K_R8 bytes", cpu::kPackedQ4KRowBytes);
-  const int64_t n_blocks = rows.shape(1) / cpu::kPackedQ4KRowBytes;
-  return converted(rows, n_blocks * static_cast<int64_t>(sizeof(block_q4_k)), cpu::unpack_q4_k_rows, n_blocks);
+  throw std::invalid_argument(cat("[", kOp, "] unpacks Q4_K_R8 and Q6_K_R8 (pack_rows' outputs) only, got ggml "
+                                  "type ", type_name(ggml_type, kOp), "."));
+}
+
+int packed_type(int ggml_type) {
+  const int packed = packed_type_of(ggml_type);
+  if (packed == 0) {
+    throw std::invalid_argument(cat("[pack_rows] packs Q4_K and Q6_K rows only, got ggml type ",
+                                    type_name(ggml_type, "pack_rows"), "."));
+  }
+  return packed;
 }
 
 }  // namespace mlx_ggml_ext

@@ -17,6 +17,8 @@ namespace {
 constexpr const char* kOp = "quantized_matmul";
 constexpr const char* kMulMat = "mul_mat";
 
+bool is_packed_rows(int type) { return type == ggml_ext::cpu::kTypeQ4KR8 || type == ggml_ext::cpu::kTypeQ6KR8; }
+
 // Elements per weight row held by `row_bytes` bytes of blocks.
 int64_t row_elements(int type, int64_t row_bytes) {
   const auto info = ggml_type_info(type, kOp);
@@ -115,9 +117,10 @@ mx::array product_node(const mx::array& x, const mx::array& w, int type, bool tr
     };
     return mx::custom_vjp(forward, backward)({x})[0];
   }
-  if (type == ggml_ext::cpu::kTypeQ4KR8 && stream.device == mx::Device::gpu) {
-    throw not_implemented_error(cat("[", kOp, "] Q4_K_R8 (rows packed by pack_rows) is a CPU layout with no GPU "
-                                    "kernel; keep the Q4_K blocks for the GPU (unpack_rows gives them back)."));
+  if (is_packed_rows(type) && stream.device == mx::Device::gpu) {
+    throw not_implemented_error(cat("[", kOp, "] ", ggml_type_info(type, kOp).name, " (rows packed by pack_rows) is a "
+                                    "CPU layout with no GPU kernel; keep the blocks for the GPU (unpack_rows gives "
+                                    "them back)."));
   }
   auto prim = std::make_shared<QuantizedMatmul>(stream, type, transpose, out_dtype, precise_x && !transpose);
   std::vector<mx::array> inputs = {kernel_input(x, stream), row_contiguous(w, stream)};
@@ -243,8 +246,8 @@ std::vector<mx::Shape> QuantizedMatmul::output_shapes(const std::vector<mx::arra
                                     shape_str(w.shape()), " do not make a product: the blocks need (..., N, "
                                     "bytes per row) with whole ", info.type_size, "-byte blocks", hint, "."));
   }
-  if (type_ == ggml_ext::cpu::kTypeQ4KR8 && w.shape(2) % ggml_ext::cpu::kPackedRows != 0) {
-    throw std::invalid_argument(cat("[", kOp, "] Q4_K_R8 blocks ", shape_str(w.shape()), " must have a multiple of ",
+  if (is_packed_rows(type_) && w.shape(2) % ggml_ext::cpu::kPackedRows != 0) {
+    throw std::invalid_argument(cat("[", kOp, "] ", info.name, " blocks ", shape_str(w.shape()), " must have a multiple of ",
                                     ggml_ext::cpu::kPackedRows, " rows (they hold groups of 8 interleaved rows)",
                                     hint, "."));
   }

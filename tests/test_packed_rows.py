@@ -1,6 +1,7 @@
-"""Q4_K rows packed for the CPU (ops.pack_rows, "Q4_K_R8"): the packing is lossless, the product on it agrees with
-float64 math on gguf's decoding of the blocks and with the plain Q4_K kernel on every CPU kernel variant, its
-gradient is the plain one, bad input raises, the GPU refuses it, and models.load's packing changes no logit."""
+"""Q4_K and Q6_K rows packed for the CPU (ops.pack_rows, "Q4_K_R8" / "Q6_K_R8"): the packing is lossless, the
+product on it agrees with float64 math on gguf's decoding of the blocks and with the plain kernel on every CPU
+kernel variant, its gradient is the plain one, bad input raises, the GPU refuses it, and models.load's packing
+(the tied head's table included) changes no logit."""
 
 import mlx.core as mx
 import numpy as np
@@ -18,10 +19,18 @@ QUANT_NMSE = 2e-4  # as test_matmul.py: int8 activations per 32 elements
 PLAIN_AGREEMENT = 2e-5
 
 
-def q4k(rng, n, k):
-    data = reference.random_blocks(rng, "Q4_K", n, k)
-    dense = gguf.quants.dequantize(data, gguf.GGMLQuantizationType.Q4_K).astype(np.float64).reshape(n, k)
+PACKED = {"Q4_K": "Q4_K_R8", "Q6_K": "Q6_K_R8"}
+ROW_BYTES = {"Q4_K": 148, "Q6_K": 210}  # per 256 elements, packed
+
+
+def blocks_of(rng, t, n, k):
+    data = reference.random_blocks(rng, t, n, k)
+    dense = gguf.quants.dequantize(data, gguf.GGMLQuantizationType[t]).astype(np.float64).reshape(n, k)
     return mx.array(data), dense
+
+
+def q4k(rng, n, k):
+    return blocks_of(rng, "Q4_K", n, k)
 
 
 def rel_max(got, expected) -> float:
@@ -32,6 +41,34 @@ def rel_max(got, expected) -> float:
 def on_cpu(device):
     if device != mx.cpu:
         pytest.skip("the packed layout is a CPU layout (test_gpu_refuses_the_packed_layout covers the GPU)")
+
+
+@pytest.mark.parametrize("t", list(PACKED))
+@pytest.mark.parametrize("n, k", [(8, 256), (64, 1024), (24, 2816)])
+def test_either_type_round_trips_bit_for_bit(t, n, k):
+    rng = np.random.default_rng(n + k)
+    blocks, dense = blocks_of(rng, t, n, k)
+    packed = ops.pack_rows(blocks, t)
+    assert packed.dtype == mx.uint8 and packed.shape == (n, k // 256 * ROW_BYTES[t])
+    assert np.array_equal(np.array(ops.unpack_rows(packed, PACKED[t])), np.array(blocks))
+
+
+def test_q6k_layout():
+    """d at d[r], the 16 scales at scales[s][r], then per half n and unit u: row r's ql bytes 64 n + 8 u .. + 8,
+    its ql bytes 64 n + 32 + 8 u .. + 8 and its qh bytes 32 n + 8 u .. + 8, 8 rows each (kernels/cpu/packed_rows.h)."""
+    rng = np.random.default_rng(8)
+    n, k = 16, 512
+    blocks, _ = blocks_of(rng, "Q6_K", n, k)
+    g, nb = n // 8, k // 256
+    raw = np.array(blocks).reshape(g, 8, nb, 210)
+    block = np.array(ops.pack_rows(blocks, "Q6_K")).reshape(g, nb, 1680)
+    assert np.array_equal(block[..., :16].reshape(g, nb, 8, 2), raw[..., 208:210].transpose(0, 2, 1, 3))
+    assert np.array_equal(block[..., 16:144].reshape(g, nb, 16, 8), raw[..., 192:208].transpose(0, 2, 3, 1))
+    units = block[..., 144:].reshape(g, nb, 2, 4, 3, 8, 8)  # [half][unit][ql_a, ql_b, qh][row][byte]
+    ql = raw[..., :128].reshape(g, 8, nb, 2, 2, 4, 8).transpose(0, 2, 3, 5, 4, 1, 6)  # [half][unit][a/b][row][byte]
+    qh = raw[..., 128:192].reshape(g, 8, nb, 2, 4, 8).transpose(0, 2, 3, 4, 1, 5)
+    assert np.array_equal(units[..., :2, :, :], ql)
+    assert np.array_equal(units[..., 2, :, :], qh)
 
 
 @pytest.mark.parametrize("n, k", [(8, 256), (64, 1024), (24, 2816)])
@@ -52,70 +89,74 @@ def test_packing_round_trips_bit_for_bit(n, k):
     assert np.array_equal(d, raw[..., 0:2].transpose(0, 2, 1, 3))
 
 
+@pytest.mark.parametrize("t", list(PACKED))
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 8, 13, 33])
-def test_product_matches_float64_and_the_plain_kernel(on_cpu, cpu_isa, dtype, m):
+def test_product_matches_float64_and_the_plain_kernel(on_cpu, cpu_isa, dtype, m, t):
     rng = np.random.default_rng(100 + m)
     n, k = 40, 768
-    blocks, dense = q4k(rng, n, k)
-    packed = ops.pack_rows(blocks, "Q4_K")
+    blocks, dense = blocks_of(rng, t, n, k)
+    packed = ops.pack_rows(blocks, t)
     x = mx.array(rng.standard_normal((m, k)).astype(np.float32)).astype(dtype)
-    y = ops.quantized_matmul(x, packed, "Q4_K_R8")
+    y = ops.quantized_matmul(x, packed, PACKED[t])
     assert y.dtype == dtype and y.shape == (m, n)
     assert nmse(to_numpy(y), to_numpy(x) @ dense.T) <= QUANT_NMSE
-    plain = ops.quantized_matmul(x, blocks, "Q4_K")
+    plain = ops.quantized_matmul(x, blocks, t)
     bound = PLAIN_AGREEMENT if dtype == mx.float32 else 2 ** -7  # half outputs: a rounding of either apart
     assert rel_max(to_numpy(y), to_numpy(plain)) <= bound, cpu_isa
 
 
-def test_long_rows_and_many_rows_across_threads(on_cpu):
+@pytest.mark.parametrize("t", list(PACKED))
+def test_long_rows_and_many_rows_across_threads(on_cpu, t):
     rng = np.random.default_rng(7)
     n, k = 2048, 4096
-    blocks, dense = q4k(rng, n, k)
-    packed = ops.pack_rows(blocks, "Q4_K")
+    blocks, dense = blocks_of(rng, t, n, k)
+    packed = ops.pack_rows(blocks, t)
     for m in (1, 6, 70):
         x = mx.array(rng.standard_normal((2, m, k)).astype(np.float32))  # leading axes are rows too
-        y = ops.quantized_matmul(x, packed, "Q4_K_R8")
+        y = ops.quantized_matmul(x, packed, PACKED[t])
         assert y.shape == (2, m, n)
         assert nmse(to_numpy(y), to_numpy(x) @ dense.T) <= QUANT_NMSE
 
 
-def test_precise_x_on_packed_rows(on_cpu, cpu_isa):
+@pytest.mark.parametrize("t", list(PACKED))
+def test_precise_x_on_packed_rows(on_cpu, cpu_isa, t):
     rng = np.random.default_rng(5)
     n, k = 16, 512
-    blocks, dense = q4k(rng, n, k)
-    packed = ops.pack_rows(blocks, "Q4_K")
+    blocks, dense = blocks_of(rng, t, n, k)
+    packed = ops.pack_rows(blocks, t)
     for m in (1, 3, 9):
         x = rng.standard_normal((m, k)).astype(np.float32)
         x[:, ::37] *= 20.0
         exact = x.astype(np.float64) @ dense.T
-        one_pass = nmse(to_numpy(ops.quantized_matmul(mx.array(x), packed, "Q4_K_R8")), exact)
-        y = ops.quantized_matmul(mx.array(x), packed, "Q4_K_R8", precise_x=True)
+        one_pass = nmse(to_numpy(ops.quantized_matmul(mx.array(x), packed, PACKED[t])), exact)
+        y = ops.quantized_matmul(mx.array(x), packed, PACKED[t], precise_x=True)
         assert nmse(to_numpy(y), exact) <= max(one_pass / 1000, 1e-12), (cpu_isa, m)
-        plain = ops.quantized_matmul(mx.array(x), blocks, "Q4_K", precise_x=True)
+        plain = ops.quantized_matmul(mx.array(x), blocks, t, precise_x=True)
         assert rel_max(to_numpy(y), to_numpy(plain)) <= PLAIN_AGREEMENT
 
 
-def test_gradient_jvp_vmap_and_compile(on_cpu):
+@pytest.mark.parametrize("t", list(PACKED))
+def test_gradient_jvp_vmap_and_compile(on_cpu, t):
     rng = np.random.default_rng(9)
     n, k = 32, 512
-    blocks, dense = q4k(rng, n, k)
-    packed = ops.pack_rows(blocks, "Q4_K")
+    blocks, dense = blocks_of(rng, t, n, k)
+    packed = ops.pack_rows(blocks, t)
     x = mx.array(rng.standard_normal((3, k)).astype(np.float32))
     ct = mx.array(rng.standard_normal((3, n)).astype(np.float32))
-    _, (g_packed,) = mx.vjp(lambda v: ops.quantized_matmul(v, packed, "Q4_K_R8"), [x], [ct])
-    _, (g_plain,) = mx.vjp(lambda v: ops.quantized_matmul(v, blocks, "Q4_K"), [x], [ct])
+    _, (g_packed,) = mx.vjp(lambda v: ops.quantized_matmul(v, packed, PACKED[t]), [x], [ct])
+    _, (g_plain,) = mx.vjp(lambda v: ops.quantized_matmul(v, blocks, t), [x], [ct])
     assert np.array_equal(np.array(g_packed), np.array(g_plain))  # the same decoded values, the same sums
     assert nmse(to_numpy(g_packed), to_numpy(ct) @ dense) <= 1e-10
-    _, (t_out,) = mx.jvp(lambda v: ops.quantized_matmul(v, packed, "Q4_K_R8"), [x], [x])
-    assert np.array_equal(np.array(t_out), np.array(ops.quantized_matmul(x, packed, "Q4_K_R8")))
+    _, (t_out,) = mx.jvp(lambda v: ops.quantized_matmul(v, packed, PACKED[t]), [x], [x])
+    assert np.array_equal(np.array(t_out), np.array(ops.quantized_matmul(x, packed, PACKED[t])))
     xs = mx.array(rng.standard_normal((4, 2, k)).astype(np.float32))
-    mapped = mx.vmap(lambda v: ops.quantized_matmul(v, packed, "Q4_K_R8"))(xs)
-    assert np.array_equal(np.array(mapped), np.array(ops.quantized_matmul(xs, packed, "Q4_K_R8")))
-    f = mx.compile(lambda v: ops.quantized_matmul(v, packed, "Q4_K_R8"), shapeless=True)
+    mapped = mx.vmap(lambda v: ops.quantized_matmul(v, packed, PACKED[t]))(xs)
+    assert np.array_equal(np.array(mapped), np.array(ops.quantized_matmul(xs, packed, PACKED[t])))
+    f = mx.compile(lambda v: ops.quantized_matmul(v, packed, PACKED[t]), shapeless=True)
     for m in (1, 5):
         v = mx.array(rng.standard_normal((m, k)).astype(np.float32))
-        assert np.array_equal(np.array(f(v)), np.array(ops.quantized_matmul(v, packed, "Q4_K_R8")))
+        assert np.array_equal(np.array(f(v)), np.array(ops.quantized_matmul(v, packed, PACKED[t])))
     with pytest.raises(ValueError, match="elements per row"):
         f(mx.zeros((2, 256)))
 
@@ -133,13 +174,32 @@ def test_the_layer_packs_itself(on_cpu):
     assert rel_max(to_numpy(layer(x)), to_numpy(plain)) <= PLAIN_AGREEMENT
     assert np.array_equal(np.array(layer.tensor.data), np.array(blocks))  # the blocks back, for stacking or LoRA
     assert "weight" not in layer.trainable_parameters()
-    q6 = GGMLLinear(GGMLTensor(mx.array(reference.random_blocks(rng, "Q6_K", n, k)), GGMLType.Q6_K, (n, k)))
+    q8 = GGMLLinear(GGMLTensor(mx.array(reference.random_blocks(rng, "Q8_0", n, k)), GGMLType.Q8_0, (n, k)))
     odd = GGMLLinear(GGMLTensor(q4k(rng, 12, k)[0], GGMLType.Q4_K, (12, k)))
-    assert not q6.pack_rows() and not odd.pack_rows() and not q6.packed and not odd.packed
+    assert not q8.pack_rows() and not odd.pack_rows() and not q8.packed and not odd.packed
+
+
+def test_the_embedding_packs_a_copy_for_the_head(on_cpu):
+    from mlx_ggml_ext.nn import GGMLEmbedding
+    rng = np.random.default_rng(12)
+    n, k = 64, 512
+    blocks, dense = blocks_of(rng, "Q6_K", n, k)
+    table = GGMLEmbedding(GGMLTensor(blocks, GGMLType.Q6_K, (n, k)), precise_x=True)
+    x = mx.array(rng.standard_normal((3, k)).astype(np.float32))
+    ids = mx.array([0, 5, 63])
+    plain_head, plain_rows = table.as_linear(x), table(ids)
+    assert table.pack_rows() and table.packed and not table.pack_rows()
+    assert "packed_head=True" in repr(table)
+    assert rel_max(to_numpy(table.as_linear(x)), to_numpy(plain_head)) <= PLAIN_AGREEMENT
+    assert np.array_equal(np.array(table(ids)), np.array(plain_rows))  # lookups read the blocks
+    assert np.array_equal(np.array(table.weight), np.array(blocks))
+    assert not table.unfreeze().trainable_parameters()
 
 
 @pytest.mark.parametrize("call, exc, match", [
-    (lambda b, p: ops.pack_rows(b, "Q6_K"), ValueError, "packs Q4_K rows only"),
+    (lambda b, p: ops.pack_rows(b, "Q8_0"), ValueError, "packs Q4_K and Q6_K rows only"),
+    (lambda b, p: ops.pack_rows(b, "Q6_K"), ValueError, "210-byte blocks"),  # Q4_K's bytes, called Q6_K
+    (lambda b, p: ops.unpack_rows(p, "Q4_K"), ValueError, "unpacks Q4_K_R8 and Q6_K_R8"),
     (lambda b, p: ops.pack_rows(p, "Q4_K_R8"), ValueError, "already packed"),
     (lambda b, p: ops.pack_rows(b[:12], "Q4_K"), ValueError, "multiple of 8"),
     (lambda b, p: ops.pack_rows(b[:, :100], "Q4_K"), ValueError, "144-byte blocks"),
@@ -176,15 +236,20 @@ def test_gpu_refuses_the_packed_layout(device):
 
 
 def test_models_load_packs_q4k_matrices_and_changes_no_logit(on_cpu, tmp_path):
-    m = ref.TINY_MODELS["llama"]
+    from mlx_ggml_ext.nn import GGMLEmbedding
+    m = ref.TINY_MODELS["llama3"]  # a tied head
     path = str(tmp_path / "llama.gguf")
-    ref.write_model(path, m)
+    ref.write_model(path, m, matrix_types=[gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q6_K,
+                                           gguf.GGMLQuantizationType.Q8_0])
     packed_model, _ = models.load(path, tokenizer=False, pack_rows=True)
     plain_model, _ = models.load(path, tokenizer=False, pack_rows=False)
     layers = [mod for mod in packed_model.modules() if isinstance(mod, GGMLLinear)]
-    assert any(layer.packed for layer in layers)
-    assert all(layer.packed == (layer.ggml_type == GGMLType.Q4_K and layer.output_dims % 8 == 0) for layer in layers)
-    assert not any(mod.packed for mod in plain_model.modules() if isinstance(mod, GGMLLinear))
+    assert {layer.ggml_type for layer in layers if layer.packed} == {GGMLType.Q4_K, GGMLType.Q6_K}
+    assert all(layer.packed == (layer.ggml_type in (GGMLType.Q4_K, GGMLType.Q6_K) and layer.output_dims % 8 == 0)
+               for layer in layers)
+    tables = [mod for mod in packed_model.modules() if isinstance(mod, GGMLEmbedding)]
+    assert len(tables) == 1 and tables[0].ggml_type == GGMLType.Q6_K and tables[0].packed  # the tied head's copy
+    assert not any(mod.packed for mod in plain_model.modules() if isinstance(mod, (GGMLLinear, GGMLEmbedding)))
     tokens = mx.array(np.random.default_rng(1).integers(0, 320, 12))[None]
     got, expected = np.array(packed_model(tokens)), np.array(plain_model(tokens))
     assert rel_max(got, expected) <= 1e-4

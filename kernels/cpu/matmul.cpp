@@ -273,27 +273,30 @@ void forward_with_residual(const MatmulArgs& a) {
   forward_on_codes<RowDot, Q, kOffset>(a, act, RowCodes<R, kOffset>{}, sizeof(ActRecord) / kGroup, 2);
 }
 
-// Q4_K with 8 interleaved rows (kernels/cpu/packed_rows.h): forward on its own kernel; the transposed product
-// on each row's blocks unpacked back to Q4_K and decoded as float32.
-void matmul_packed_q4k(const MatmulArgs& a) {
+// Rows packed 8 at a time (kernels/cpu/packed_rows.h): forward on their own kernels (matmul_packed_rows.h); the
+// transposed product on each row's blocks unpacked back to the plain format and decoded as float32.
+template <class P, class Plain>
+void matmul_packed(const MatmulArgs& a) {
   const int64_t blocks = a.K / GGML_EXT_QK_K;
   if (a.transpose) {
-    const auto* w = static_cast<const block_q4_k_r8*>(a.w);
+    const auto* w = static_cast<const typename P::Packed*>(a.w);
     return transposed(a, GGML_EXT_QK_K, [&](int64_t n, int64_t b0, int64_t b1, float* dst) {
       for (int64_t b = b0; b < b1; ++b) {
-        block_q4_k block;
-        unpack_q4_k_block(w + n / kPackedRows * blocks + b, static_cast<int>(n % kPackedRows), &block);
-        for (int c = 0; c < GGML_EXT_QK_K / 16; ++c) ggml_ext_dequant16_q4_k(&block, c, dst + (b - b0) * GGML_EXT_QK_K + 16 * c);
+        typename P::Plain block;
+        P::unpack(w + n / kPackedRows * blocks + b, static_cast<int>(n % kPackedRows), &block);
+        for (int c = 0; c < GGML_EXT_QK_K / 16; ++c) {
+          ggml_ext_dequant16_layout(&block, Plain::layout(c), Plain::scale(&block, c), dst + (b - b0) * GGML_EXT_QK_K + 16 * c);
+        }
       }
     });
   }
   QuantizedRows act;
   if (a.precise_x) {
     quantize_x_with_residual(a, act);
-    return forward_packed_q4k(a, act, 2);
+    return forward_packed<typename P::Packed>(a, act, 2);
   }
   quantize_x(a, act);
-  forward_packed_q4k(a, act, 1);
+  forward_packed<typename P::Packed>(a, act, 1);
 }
 
 #if defined(__AVX512VNNI__) && defined(__AVX512VBMI__)
@@ -402,7 +405,8 @@ void quantized_matmul(const MatmulArgs& a) {
     case GGML_EXT_TYPE_F32: return a.transpose ? transposed_float<F32>(a) : forward_float<F32>(a);
     case GGML_EXT_TYPE_F16: return a.transpose ? transposed_float<F16>(a) : forward_float<F16>(a);
     case GGML_EXT_TYPE_BF16: return a.transpose ? transposed_float<BF16>(a) : forward_float<BF16>(a);
-    case kTypeQ4KR8: return matmul_packed_q4k(a);
+    case kTypeQ4KR8: return matmul_packed<PackedQ4K, GGML_EXT_BLOCK_FORMAT(q4_k, GGML_EXT_QK_K)>(a);
+    case kTypeQ6KR8: return matmul_packed<PackedQ6K, GGML_EXT_BLOCK_FORMAT(q6_k, GGML_EXT_QK_K)>(a);
     GGML_EXT_FOR_EACH_LAYOUT_QUANT_TYPE(GGML_EXT_MATMUL_CASE)
     GGML_EXT_FOR_EACH_DECODED_QUANT_TYPE(GGML_EXT_MATMUL_DECODED_CASE)
     default: return;  // the primitive validated the type

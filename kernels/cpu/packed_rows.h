@@ -1,13 +1,13 @@
-// Q4_K with 8 weight rows interleaved ("Q4_K_R8"): a CPU-only copy of a Q4_K matrix, made once at load, in
-// which one 64-byte vector holds 8 bytes of each of 8 rows. A one-row product then multiplies 8 weight rows by
+// Weight rows interleaved 8 at a time: Q4_K ("Q4_K_R8") and Q6_K ("Q6_K_R8"). A CPU-only copy of a matrix, made
+// once at load, in which one 64-byte vector holds 8 bytes of each of 8 rows. A one-row product then multiplies 8 weight rows by
 // one broadcast of 8 activation bytes, unpacks the scales of 8 rows together and never sums lanes within a row:
 // about a third of the instructions per weight of the row-by-row kernels, which on AVX-512 are compute-bound
 // at two threads where this layout is memory-bound (docs/performance.md). GPUs never see it: the primitives
 // refuse it on CUDA and Metal.
 //
-// A packed block covers rows 8g .. 8g + 7 and elements [256 b, 256 b + 256) of them, 1,184 bytes where the 8
-// Q4_K blocks took 1,152 (the 6-bit scales stored as bytes). A group's blocks follow each other along K, groups
-// follow each other along N; as an MLX array the bytes are shaped (N, K / 256 * 148), 148 = 1184 / 8, so that the
+// A packed block covers rows 8g .. 8g + 7 and elements [256 b, 256 b + 256) of them: for Q4_K 1,184 bytes where
+// the 8 Q4_K blocks took 1,152 (the 6-bit scales stored as bytes), for Q6_K the same 1,680 bytes. A group's blocks follow each other along K, groups
+// follow each other along N; as an MLX array the bytes are shaped (N, K / 256 * 148), 148 = 1184 / 8 (Q6_K: 210), so that the
 // shape logic of the plain types (N rows, a byte width per row) holds, although row n's bytes are not row n's.
 // Plain C++ (no ISA namespace): the repacking op in csrc/ and the kernels share it.
 #pragma once
@@ -64,25 +64,91 @@ inline void unpack_q4_k_block(const block_q4_k_r8* in, int r, block_q4_k* out) {
   }
 }
 
-// A whole (N, K) Q4_K matrix (rows of `blocks` blocks) into the packed layout (N a multiple of 8) and back.
-inline void pack_q4_k_rows(const uint8_t* src, int64_t N, int64_t blocks, uint8_t* dst) {
-  auto* out = reinterpret_cast<block_q4_k_r8*>(dst);
-  const auto* in = reinterpret_cast<const block_q4_k*>(src);
-  for (int64_t g = 0; g < N / kPackedRows; ++g) {
-    for (int64_t b = 0; b < blocks; ++b) {
-      const block_q4_k* rows[kPackedRows];
-      for (int r = 0; r < kPackedRows; ++r) rows[r] = in + (g * kPackedRows + r) * blocks + b;
-      pack_q4_k_block(rows, out + g * blocks + b);
+// Q6_K the same way ("Q6_K_R8"): 8 rows' blocks in 1,680 bytes, 8 times 210, nothing added. In Q6_K, element
+// 128 n + 32 t + l (n: half, t: 0..3, l: 0..31) has its low 4 bits in ql[64 n + 32 (t & 1) + l] (low nibble for
+// t < 2, high for t >= 2) and its high 2 bits in qh[32 n + l] at bit 2 t; a unit here is 8 consecutive l of 8
+// rows: its ql bytes for t = 0 / 2, for t = 1 / 3 and its qh bytes give 4 x 8 elements of 8 rows, and they are
+// stored one after the other in the order the kernels read them (read out of order across the block, the
+// same bytes streamed from DRAM 0.7x as fast on Zen 4).
+struct q6_k_r8_unit {
+  uint8_t ql_a[8][8];  // [row r][byte]: row r's ql[64 n + 8 u ..+ 8]
+  uint8_t ql_b[8][8];  // row r's ql[64 n + 32 + 8 u ..+ 8]
+  uint8_t qh[8][8];    // row r's qh[32 n + 8 u ..+ 8]
+};
+struct block_q6_k_r8 {
+  uint16_t d[8];            // row r's super-block scale
+  int8_t scales[16][8];     // [sub-block of 16 elements][row]
+  q6_k_r8_unit units[2][4];  // [half n][unit u]
+};
+static_assert(sizeof(block_q6_k_r8) == 8 * sizeof(block_q6_k), "block_q6_k_r8 size");
+constexpr int kTypeQ6KR8 = 1014;
+constexpr int64_t kPackedQ6KRowBytes = sizeof(block_q6_k_r8) / kPackedRows;  // 210, as Q6_K's own
+
+inline void pack_q6_k_block(const block_q6_k* const rows[kPackedRows], block_q6_k_r8* out) {
+  for (int r = 0; r < kPackedRows; ++r) {
+    out->d[r] = rows[r]->d;
+    for (int s = 0; s < 16; ++s) out->scales[s][r] = rows[r]->scales[s];
+    for (int n = 0; n < 2; ++n) {
+      for (int u = 0; u < 4; ++u) {
+        q6_k_r8_unit& unit = out->units[n][u];
+        std::memcpy(unit.ql_a[r], rows[r]->ql + 64 * n + 8 * u, 8);
+        std::memcpy(unit.ql_b[r], rows[r]->ql + 64 * n + 32 + 8 * u, 8);
+        std::memcpy(unit.qh[r], rows[r]->qh + 32 * n + 8 * u, 8);
+      }
     }
   }
 }
 
-inline void unpack_q4_k_rows(const uint8_t* src, int64_t N, int64_t blocks, uint8_t* dst) {
-  const auto* in = reinterpret_cast<const block_q4_k_r8*>(src);
-  auto* out = reinterpret_cast<block_q4_k*>(dst);
+inline void unpack_q6_k_block(const block_q6_k_r8* in, int r, block_q6_k* out) {
+  out->d = in->d[r];
+  for (int s = 0; s < 16; ++s) out->scales[s] = in->scales[s][r];
+  for (int n = 0; n < 2; ++n) {
+    for (int u = 0; u < 4; ++u) {
+      const q6_k_r8_unit& unit = in->units[n][u];
+      std::memcpy(out->ql + 64 * n + 8 * u, unit.ql_a[r], 8);
+      std::memcpy(out->ql + 64 * n + 32 + 8 * u, unit.ql_b[r], 8);
+      std::memcpy(out->qh + 32 * n + 8 * u, unit.qh[r], 8);
+    }
+  }
+}
+
+// The packed formats, for code that handles both: the plain block, the packed one and the conversions.
+struct PackedQ4K {
+  using Plain = block_q4_k;
+  using Packed = block_q4_k_r8;
+  static constexpr int kType = kTypeQ4KR8;
+  static void pack(const Plain* const rows[kPackedRows], Packed* out) { pack_q4_k_block(rows, out); }
+  static void unpack(const Packed* in, int r, Plain* out) { unpack_q4_k_block(in, r, out); }
+};
+struct PackedQ6K {
+  using Plain = block_q6_k;
+  using Packed = block_q6_k_r8;
+  static constexpr int kType = kTypeQ6KR8;
+  static void pack(const Plain* const rows[kPackedRows], Packed* out) { pack_q6_k_block(rows, out); }
+  static void unpack(const Packed* in, int r, Plain* out) { unpack_q6_k_block(in, r, out); }
+};
+
+// A whole (N, K) matrix (rows of `blocks` blocks) into the packed layout (N a multiple of 8) and back.
+template <class P>
+void pack_rows(const uint8_t* src, int64_t N, int64_t blocks, uint8_t* dst) {
+  auto* out = reinterpret_cast<typename P::Packed*>(dst);
+  const auto* in = reinterpret_cast<const typename P::Plain*>(src);
+  for (int64_t g = 0; g < N / kPackedRows; ++g) {
+    for (int64_t b = 0; b < blocks; ++b) {
+      const typename P::Plain* rows[kPackedRows];
+      for (int r = 0; r < kPackedRows; ++r) rows[r] = in + (g * kPackedRows + r) * blocks + b;
+      P::pack(rows, out + g * blocks + b);
+    }
+  }
+}
+
+template <class P>
+void unpack_rows(const uint8_t* src, int64_t N, int64_t blocks, uint8_t* dst) {
+  const auto* in = reinterpret_cast<const typename P::Packed*>(src);
+  auto* out = reinterpret_cast<typename P::Plain*>(dst);
   for (int64_t n = 0; n < N; ++n) {
     for (int64_t b = 0; b < blocks; ++b) {
-      unpack_q4_k_block(in + n / kPackedRows * blocks + b, static_cast<int>(n % kPackedRows), out + n * blocks + b);
+      P::unpack(in + n / kPackedRows * blocks + b, static_cast<int>(n % kPackedRows), out + n * blocks + b);
     }
   }
 }
