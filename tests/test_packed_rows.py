@@ -235,7 +235,10 @@ def test_gpu_refuses_the_packed_layout(device):
     assert not models.packs_rows_by_default()  # a GPU default device: load keeps the blocks
 
 
-def test_models_load_packs_q4k_matrices_and_changes_no_logit(on_cpu, tmp_path):
+def test_models_load_packs_q4k_matrices_and_changes_no_logit(on_cpu, cpu_isa, tmp_path):
+    """models.load(pack_rows=True) packs the types with a SIMD kernel for packed rows on the CPU variant in use
+    (models.PACKED_SIMD_TYPES: Q4_K and Q6_K on AVX-512, Q4_K on AVX2, none on the baseline), the tied head's
+    table included; the logits agree with the unpacked model's."""
     from mlx_ggml_ext.nn import GGMLEmbedding
     m = ref.TINY_MODELS["llama3"]  # a tied head
     path = str(tmp_path / "llama.gguf")
@@ -243,12 +246,13 @@ def test_models_load_packs_q4k_matrices_and_changes_no_logit(on_cpu, tmp_path):
                                            gguf.GGMLQuantizationType.Q8_0])
     packed_model, _ = models.load(path, tokenizer=False, pack_rows=True)
     plain_model, _ = models.load(path, tokenizer=False, pack_rows=False)
+    types = set(models.PACKED_SIMD_TYPES.get(cpu_isa, ()))
     layers = [mod for mod in packed_model.modules() if isinstance(mod, GGMLLinear)]
-    assert {layer.ggml_type for layer in layers if layer.packed} == {GGMLType.Q4_K, GGMLType.Q6_K}
-    assert all(layer.packed == (layer.ggml_type in (GGMLType.Q4_K, GGMLType.Q6_K) and layer.output_dims % 8 == 0)
-               for layer in layers)
+    assert {layer.ggml_type for layer in layers if layer.packed} == types
+    assert all(layer.packed == (layer.ggml_type in types and layer.output_dims % 8 == 0) for layer in layers)
     tables = [mod for mod in packed_model.modules() if isinstance(mod, GGMLEmbedding)]
-    assert len(tables) == 1 and tables[0].ggml_type == GGMLType.Q6_K and tables[0].packed  # the tied head's copy
+    assert len(tables) == 1 and tables[0].ggml_type == GGMLType.Q6_K
+    assert tables[0].packed == (GGMLType.Q6_K in types)  # the tied head's copy
     assert not any(mod.packed for mod in plain_model.modules() if isinstance(mod, (GGMLLinear, GGMLEmbedding)))
     tokens = mx.array(np.random.default_rng(1).integers(0, 320, 12))[None]
     got, expected = np.array(packed_model(tokens)), np.array(plain_model(tokens))

@@ -18,6 +18,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .. import gguf as _gguf
+from ..types import GGMLType
 from .config import (LLAMA_CPP_DEFAULTS, SUPPORTED_ARCHITECTURES, GGUFModelConfig, UnsupportedArchitecture,
                      architecture_of, model_config)
 from .fused import fused_ops_model, use_fused_ops
@@ -46,7 +47,10 @@ def _with_softcap(model_class):
     return SoftcappedModel
 
 
-# CPU kernel variants (mlx_ggml_ext.cpu_isa()) with a SIMD kernel for Q4_K rows packed by ops.pack_rows.
+# CPU kernel variants (mlx_ggml_ext.cpu_isa()) and the types whose rows packed by ops.pack_rows have a SIMD kernel
+# there (elsewhere the packed product is portable C++: slower than the plain kernels); `load` packs by default on
+# PACKED_ROWS_ISAS only (AVX2's Q4_K kernel was measured only as the AVX2 variant run on Zen 4).
+PACKED_SIMD_TYPES = {"avx512": (GGMLType.Q4_K, GGMLType.Q6_K), "avx2": (GGMLType.Q4_K,)}
 PACKED_ROWS_ISAS = ("avx512",)
 
 
@@ -63,13 +67,14 @@ def packs_rows_by_default() -> bool:
 
 
 def pack_linear_rows(model: nn.Module, tied_head: bool = False) -> int:
-    """Packs every Q4_K and Q6_K GGMLLinear's rows for the CPU (GGMLLinear.pack_rows), and with `tied_head` a copy
-    of the token table for the head (GGMLEmbedding.pack_rows); returns how many matrices it packed."""
+    """Packs the rows of every GGMLLinear whose type has a SIMD kernel for packed rows on this CPU
+    (PACKED_SIMD_TYPES; GGMLLinear.pack_rows), and with `tied_head` a copy of the token table for the head
+    (GGMLEmbedding.pack_rows); returns how many matrices it packed."""
+    from .. import cpu_isa
     from ..nn import GGMLEmbedding, GGMLLinear
-    packed = sum(module.pack_rows() for module in model.modules() if isinstance(module, GGMLLinear))
-    if tied_head:
-        packed += sum(module.pack_rows() for module in model.modules() if isinstance(module, GGMLEmbedding))
-    return packed
+    types = PACKED_SIMD_TYPES.get(cpu_isa(), ())
+    modules = [m for m in model.modules() if isinstance(m, GGMLLinear) or (tied_head and isinstance(m, GGMLEmbedding))]
+    return sum(module.pack_rows() for module in modules if module.ggml_type in types)
 
 
 def build_model(gguf_file: _gguf.GGUFFile, progress: Progress = None, fused_ops: bool = True,
