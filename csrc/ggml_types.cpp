@@ -24,17 +24,19 @@ const char* type_name(int type) {
 }  // namespace
 
 GGMLTypeInfo ggml_type_info(int type, const char* op) {
-  if (type == ggml_ext::cpu::kTypeQ4KR8 || type == ggml_ext::cpu::kTypeQ6KR8) {
+  namespace cpu = ggml_ext::cpu;
+  if (type == cpu::kTypeQ4KR8 || type == cpu::kTypeQ6KR8 || type == cpu::kTypeQ80R8) {
     // A packed copy (kernels/cpu/packed_rows.h): a byte width per row of 8 rows' share of a packed block. Only
     // the product reads it; everything else would read its bytes as plain rows.
-    const bool q4 = type == ggml_ext::cpu::kTypeQ4KR8;
-    const char* name = q4 ? "Q4_K_R8" : "Q6_K_R8";
+    const GGMLTypeInfo info = type == cpu::kTypeQ4KR8   ? GGMLTypeInfo{type, "Q4_K_R8", GGML_EXT_QK_K, 148}
+                              : type == cpu::kTypeQ6KR8 ? GGMLTypeInfo{type, "Q6_K_R8", GGML_EXT_QK_K, 210}
+                                                        : GGMLTypeInfo{type, "Q8_0_R8", GGML_EXT_QK32, 34};
+    static_assert(cpu::kPackedQ4KRowBytes == 148 && cpu::kPackedQ6KRowBytes == 210 && cpu::kPackedQ80RowBytes == 34);
     if (std::strcmp(op, kPackedRowsOp) != 0) {
-      throw std::invalid_argument(cat("[", op, "] ", name, " (rows packed for the CPU by pack_rows) is read by ",
+      throw std::invalid_argument(cat("[", op, "] ", info.name, " (rows packed for the CPU by pack_rows) is read by ",
                                       kPackedRowsOp, " only; use unpack_rows to get the blocks back."));
     }
-    return {type, name, GGML_EXT_QK_K,
-            static_cast<int>(q4 ? ggml_ext::cpu::kPackedQ4KRowBytes : ggml_ext::cpu::kPackedQ6KRowBytes)};
+    return info;
   }
   const char* name = type_name(type);
   if (name == nullptr) {

@@ -36,11 +36,23 @@ mx::array converted(const mx::array& rows, int64_t out_row_bytes,
 
 // The packed format of a plain type and back: Q4_K <-> Q4_K_R8, Q6_K <-> Q6_K_R8; 0 for any other.
 int packed_type_of(int plain) {
-  return plain == GGML_EXT_TYPE_Q4_K ? cpu::kTypeQ4KR8 : plain == GGML_EXT_TYPE_Q6_K ? cpu::kTypeQ6KR8 : 0;
+  switch (plain) {
+    case GGML_EXT_TYPE_Q4_K: return cpu::kTypeQ4KR8;
+    case GGML_EXT_TYPE_Q6_K: return cpu::kTypeQ6KR8;
+    case GGML_EXT_TYPE_Q8_0: return cpu::kTypeQ80R8;
+    default: return 0;
+  }
 }
 
+bool is_packed(int type) { return type == cpu::kTypeQ4KR8 || type == cpu::kTypeQ6KR8 || type == cpu::kTypeQ80R8; }
+
 const char* type_name(int type, const char* op) {
-  return type == cpu::kTypeQ4KR8 ? "Q4_K_R8" : type == cpu::kTypeQ6KR8 ? "Q6_K_R8" : ggml_type_info(type, op).name;
+  switch (type) {
+    case cpu::kTypeQ4KR8: return "Q4_K_R8";
+    case cpu::kTypeQ6KR8: return "Q6_K_R8";
+    case cpu::kTypeQ80R8: return "Q8_0_R8";
+    default: return ggml_type_info(type, op).name;
+  }
 }
 
 template <class P>
@@ -59,11 +71,11 @@ mx::array pack_rows(const mx::array& blocks, int ggml_type) {
   switch (ggml_type) {
     case GGML_EXT_TYPE_Q4_K: return convert<cpu::PackedQ4K>(blocks, true, kOp);
     case GGML_EXT_TYPE_Q6_K: return convert<cpu::PackedQ6K>(blocks, true, kOp);
+    case GGML_EXT_TYPE_Q8_0: return convert<cpu::PackedQ80>(blocks, true, kOp);
     default: break;
   }
-  const bool packed = ggml_type == cpu::kTypeQ4KR8 || ggml_type == cpu::kTypeQ6KR8;
-  throw std::invalid_argument(cat("[", kOp, "] packs Q4_K and Q6_K rows only, got ggml type ",
-                                  type_name(ggml_type, kOp), packed ? " (already packed)." : "."));
+  throw std::invalid_argument(cat("[", kOp, "] packs Q4_K, Q6_K and Q8_0 rows only, got ggml type ",
+                                  type_name(ggml_type, kOp), is_packed(ggml_type) ? " (already packed)." : "."));
 }
 
 mx::array unpack_rows(const mx::array& packed, int ggml_type) {
@@ -71,16 +83,17 @@ mx::array unpack_rows(const mx::array& packed, int ggml_type) {
   switch (ggml_type) {
     case cpu::kTypeQ4KR8: return convert<cpu::PackedQ4K>(packed, false, kOp);
     case cpu::kTypeQ6KR8: return convert<cpu::PackedQ6K>(packed, false, kOp);
+    case cpu::kTypeQ80R8: return convert<cpu::PackedQ80>(packed, false, kOp);
     default: break;
   }
-  throw std::invalid_argument(cat("[", kOp, "] unpacks Q4_K_R8 and Q6_K_R8 (pack_rows' outputs) only, got ggml "
-                                  "type ", type_name(ggml_type, kOp), "."));
+  throw std::invalid_argument(cat("[", kOp, "] unpacks Q4_K_R8, Q6_K_R8 and Q8_0_R8 (pack_rows' outputs) only, got "
+                                  "ggml type ", type_name(ggml_type, kOp), "."));
 }
 
 int packed_type(int ggml_type) {
   const int packed = packed_type_of(ggml_type);
   if (packed == 0) {
-    throw std::invalid_argument(cat("[pack_rows] packs Q4_K and Q6_K rows only, got ggml type ",
+    throw std::invalid_argument(cat("[pack_rows] packs Q4_K, Q6_K and Q8_0 rows only, got ggml type ",
                                     type_name(ggml_type, "pack_rows"), "."));
   }
   return packed;

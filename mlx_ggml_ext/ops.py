@@ -213,28 +213,30 @@ def quantize(w: mx.array, ggml_type, *, imatrix: mx.array = None, stream: Stream
     return _ext.quantize(w, int(GGMLType.of(ggml_type)), imatrix=imatrix, stream=stream)
 
 
-#: The type ids of Q4_K and Q6_K rows packed by :func:`pack_rows` (not ggml types: never in a file).
+#: The type ids of Q4_K, Q6_K and Q8_0 rows packed by :func:`pack_rows` (not ggml types: never in a file).
 Q4_K_R8 = _ext.Q4_K_R8
 Q6_K_R8 = _ext.Q6_K_R8
-_PACKED_NAMES = {"Q4_K_R8": Q4_K_R8, "Q6_K_R8": Q6_K_R8}
+Q8_0_R8 = _ext.Q8_0_R8
+_PACKED_NAMES = {"Q4_K_R8": Q4_K_R8, "Q6_K_R8": Q6_K_R8, "Q8_0_R8": Q8_0_R8}
 
 
 def _type_id(ggml_type) -> int:
     """A GGMLType's id, or a packed layout's ("Q4_K_R8" / "Q6_K_R8" in any case, or the id)."""
     if isinstance(ggml_type, str) and ggml_type.upper() in _PACKED_NAMES:
         return _PACKED_NAMES[ggml_type.upper()]
-    if not isinstance(ggml_type, (str, GGMLType)) and ggml_type in (Q4_K_R8, Q6_K_R8):
+    if not isinstance(ggml_type, (str, GGMLType)) and ggml_type in _PACKED_NAMES.values():
         return int(ggml_type)
     return int(GGMLType.of(ggml_type))
 
 
 def pack_rows(w: Union[GGMLTensor, mx.array], ggml_type=None) -> mx.array:
-    """Q4_K or Q6_K rows packed 8 at a time for the CPU's products: pass the result to :func:`quantized_matmul`
-    with ``ggml_type="Q4_K_R8"`` (resp. ``"Q6_K_R8"``).
+    """Q4_K, Q6_K or Q8_0 rows packed 8 at a time for the CPU's products: pass the result to
+    :func:`quantized_matmul` with ``ggml_type="Q4_K_R8"`` (resp. ``"Q6_K_R8"``, ``"Q8_0_R8"``).
 
-    ``w``: a Q4_K or Q6_K :class:`GGMLTensor` of shape ``(N, K)``, or its raw blocks (uint8 ``(N, bytes_per_row)``)
-    with ``ggml_type``; N must be a multiple of 8. Returns a new uint8 array: ``(N, K / 256 * 148)`` for Q4_K (2.8%
-    larger than the blocks), ``(N, K / 256 * 210)`` for Q6_K (the same size). A copy made once, e.g. at load; the
+    ``w``: a Q4_K, Q6_K or Q8_0 :class:`GGMLTensor` of shape ``(N, K)``, or its raw blocks (uint8
+    ``(N, bytes_per_row)``) with ``ggml_type``; N must be a multiple of 8. Returns a new uint8 array:
+    ``(N, K / 256 * 148)`` for Q4_K (2.8% larger than the blocks), the blocks' own shape for Q6_K and Q8_0. A copy
+    made once, e.g. at load; the
     product on it reads 8 rows per vector and is 1.3-2x faster on AVX-512 machines. CPU only: the GPU kernels do
     not read it (:func:`unpack_rows` gives the blocks back).
     """
@@ -244,13 +246,13 @@ def pack_rows(w: Union[GGMLTensor, mx.array], ggml_type=None) -> mx.array:
         ggml_type, w = w.ggml_type, w.data
     _require_array("w", w)
     if ggml_type is None:
-        raise TypeError("pack_rows needs the blocks' ggml_type (Q4_K or Q6_K)")
+        raise TypeError("pack_rows needs the blocks' ggml_type (Q4_K, Q6_K or Q8_0)")
     return _ext.pack_rows(w, _type_id(ggml_type))
 
 
 def unpack_rows(packed: mx.array, ggml_type="Q4_K_R8") -> mx.array:
     """The blocks (uint8 ``(N, bytes_per_row)``) that :func:`pack_rows` packed into ``packed`` (of ``ggml_type``
-    "Q4_K_R8" or "Q6_K_R8"), bit for bit."""
+    "Q4_K_R8", "Q6_K_R8" or "Q8_0_R8"), bit for bit."""
     _require_array("packed", packed)
     return _ext.unpack_rows(packed, _type_id(ggml_type))
 
@@ -262,8 +264,8 @@ def quantized_matmul(x: mx.array, w: Union[GGMLTensor, mx.array], ggml_type=None
 
     ``x``: float32/float16/bfloat16 of shape ``(..., K)``. ``w``: a :class:`GGMLTensor` of logical shape
     ``(N, K)``, or its raw blocks (uint8 ``(N, bytes_per_row)``) with ``ggml_type``, or a float32/float16/
-    bfloat16 array ``(N, K)``. Every type of :class:`GGMLType`, and on the CPU Q4_K / Q6_K rows packed by
-    :func:`pack_rows` (``ggml_type="Q4_K_R8"`` / ``"Q6_K_R8"``); K must fill whole blocks of the type. Returns
+    bfloat16 array ``(N, K)``. Every type of :class:`GGMLType`, and on the CPU Q4_K / Q6_K / Q8_0 rows packed by
+    :func:`pack_rows` (``ggml_type="Q4_K_R8"`` etc.); K must fill whole blocks of the type. Returns
     ``(..., N)`` in x's dtype. On the CPU, quantized weights meet x quantized to int8 per 32 elements (as
     ggml's CPU does); sums in float32. Differentiable in x (the weight's bytes have no gradient); supports
     vmap over x and over a batch of weights, and mx.compile. On a CUDA GPU, from 9 rows of x per weight matrix

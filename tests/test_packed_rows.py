@@ -1,4 +1,4 @@
-"""Q4_K and Q6_K rows packed for the CPU (ops.pack_rows, "Q4_K_R8" / "Q6_K_R8"): the packing is lossless, the
+"""Q4_K, Q6_K and Q8_0 rows packed for the CPU (ops.pack_rows, "Q4_K_R8" / "Q6_K_R8" / "Q8_0_R8"): lossless, the
 product on it agrees with float64 math on gguf's decoding of the blocks and with the plain kernel on every CPU
 kernel variant, its gradient is the plain one, bad input raises, the GPU refuses it, and models.load's packing
 (the tied head's table included) changes no logit."""
@@ -19,8 +19,8 @@ QUANT_NMSE = 2e-4  # as test_matmul.py: int8 activations per 32 elements
 PLAIN_AGREEMENT = 2e-5
 
 
-PACKED = {"Q4_K": "Q4_K_R8", "Q6_K": "Q6_K_R8"}
-ROW_BYTES = {"Q4_K": 148, "Q6_K": 210}  # per 256 elements, packed
+PACKED = {"Q4_K": "Q4_K_R8", "Q6_K": "Q6_K_R8", "Q8_0": "Q8_0_R8"}
+ROW_BYTES = {"Q4_K": 148, "Q6_K": 210, "Q8_0": 272}  # per 256 elements, packed
 
 
 def blocks_of(rng, t, n, k):
@@ -69,6 +69,19 @@ def test_q6k_layout():
     qh = raw[..., 128:192].reshape(g, 8, nb, 2, 4, 8).transpose(0, 2, 3, 4, 1, 5)
     assert np.array_equal(units[..., :2, :, :], ql)
     assert np.array_equal(units[..., 2, :, :], qh)
+
+
+def test_q8_0_layout():
+    """d at d[r], then row r's bytes 8 u .. 8 u + 7 at qs[u][r] (kernels/cpu/packed_rows.h)."""
+    rng = np.random.default_rng(9)
+    n, k = 16, 96
+    blocks, _ = blocks_of(rng, "Q8_0", n, k)
+    g, nb = n // 8, k // 32
+    raw = np.array(blocks).reshape(g, 8, nb, 34)
+    block = np.array(ops.pack_rows(blocks, "Q8_0")).reshape(g, nb, 272)
+    assert np.array_equal(block[..., :16].reshape(g, nb, 8, 2), raw[..., :2].transpose(0, 2, 1, 3))
+    qs = block[..., 16:].reshape(g, nb, 4, 8, 8)
+    assert np.array_equal(qs, raw[..., 2:].reshape(g, 8, nb, 4, 8).transpose(0, 2, 3, 1, 4))
 
 
 @pytest.mark.parametrize("n, k", [(8, 256), (64, 1024), (24, 2816)])
@@ -174,9 +187,9 @@ def test_the_layer_packs_itself(on_cpu):
     assert rel_max(to_numpy(layer(x)), to_numpy(plain)) <= PLAIN_AGREEMENT
     assert np.array_equal(np.array(layer.tensor.data), np.array(blocks))  # the blocks back, for stacking or LoRA
     assert "weight" not in layer.trainable_parameters()
-    q8 = GGMLLinear(GGMLTensor(mx.array(reference.random_blocks(rng, "Q8_0", n, k)), GGMLType.Q8_0, (n, k)))
+    q5 = GGMLLinear(GGMLTensor(mx.array(reference.random_blocks(rng, "Q5_0", n, k)), GGMLType.Q5_0, (n, k)))
     odd = GGMLLinear(GGMLTensor(q4k(rng, 12, k)[0], GGMLType.Q4_K, (12, k)))
-    assert not q8.pack_rows() and not odd.pack_rows() and not q8.packed and not odd.packed
+    assert not q5.pack_rows() and not odd.pack_rows() and not q5.packed and not odd.packed
 
 
 def test_the_embedding_packs_a_copy_for_the_head(on_cpu):
@@ -197,9 +210,10 @@ def test_the_embedding_packs_a_copy_for_the_head(on_cpu):
 
 
 @pytest.mark.parametrize("call, exc, match", [
-    (lambda b, p: ops.pack_rows(b, "Q8_0"), ValueError, "packs Q4_K and Q6_K rows only"),
+    (lambda b, p: ops.pack_rows(b, "Q5_0"), ValueError, "packs Q4_K, Q6_K and Q8_0 rows only"),
     (lambda b, p: ops.pack_rows(b, "Q6_K"), ValueError, "210-byte blocks"),  # Q4_K's bytes, called Q6_K
-    (lambda b, p: ops.unpack_rows(p, "Q4_K"), ValueError, "unpacks Q4_K_R8 and Q6_K_R8"),
+    (lambda b, p: ops.pack_rows(b, "Q8_0"), ValueError, "34-byte blocks"),
+    (lambda b, p: ops.unpack_rows(p, "Q4_K"), ValueError, "unpacks Q4_K_R8, Q6_K_R8 and Q8_0_R8"),
     (lambda b, p: ops.pack_rows(p, "Q4_K_R8"), ValueError, "already packed"),
     (lambda b, p: ops.pack_rows(b[:12], "Q4_K"), ValueError, "multiple of 8"),
     (lambda b, p: ops.pack_rows(b[:, :100], "Q4_K"), ValueError, "144-byte blocks"),

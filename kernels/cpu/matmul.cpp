@@ -277,15 +277,15 @@ void forward_with_residual(const MatmulArgs& a) {
 // transposed product on each row's blocks unpacked back to the plain format and decoded as float32.
 template <class P, class Plain>
 void matmul_packed(const MatmulArgs& a) {
-  const int64_t blocks = a.K / GGML_EXT_QK_K;
+  const int64_t blocks = a.K / P::kQK;
   if (a.transpose) {
     const auto* w = static_cast<const typename P::Packed*>(a.w);
-    return transposed(a, GGML_EXT_QK_K, [&](int64_t n, int64_t b0, int64_t b1, float* dst) {
+    return transposed(a, P::kQK, [&](int64_t n, int64_t b0, int64_t b1, float* dst) {
       for (int64_t b = b0; b < b1; ++b) {
         typename P::Plain block;
         P::unpack(w + n / kPackedRows * blocks + b, static_cast<int>(n % kPackedRows), &block);
-        for (int c = 0; c < GGML_EXT_QK_K / 16; ++c) {
-          ggml_ext_dequant16_layout(&block, Plain::layout(c), Plain::scale(&block, c), dst + (b - b0) * GGML_EXT_QK_K + 16 * c);
+        for (int c = 0; c < P::kQK / 16; ++c) {
+          ggml_ext_dequant16_layout(&block, Plain::layout(c), Plain::scale(&block, c), dst + (b - b0) * P::kQK + 16 * c);
         }
       }
     });
@@ -407,6 +407,7 @@ void quantized_matmul(const MatmulArgs& a) {
     case GGML_EXT_TYPE_BF16: return a.transpose ? transposed_float<BF16>(a) : forward_float<BF16>(a);
     case kTypeQ4KR8: return matmul_packed<PackedQ4K, GGML_EXT_BLOCK_FORMAT(q4_k, GGML_EXT_QK_K)>(a);
     case kTypeQ6KR8: return matmul_packed<PackedQ6K, GGML_EXT_BLOCK_FORMAT(q6_k, GGML_EXT_QK_K)>(a);
+    case kTypeQ80R8: return matmul_packed<PackedQ80, GGML_EXT_BLOCK_FORMAT(q8_0, GGML_EXT_QK32)>(a);
     GGML_EXT_FOR_EACH_LAYOUT_QUANT_TYPE(GGML_EXT_MATMUL_CASE)
     GGML_EXT_FOR_EACH_DECODED_QUANT_TYPE(GGML_EXT_MATMUL_DECODED_CASE)
     default: return;  // the primitive validated the type

@@ -5,15 +5,17 @@
 // AVX2 maddubs) into int32 lanes: lanes 2r and 2r + 1 hold row r's first and last 4 elements of every 8, which is
 // what one broadcast of 8 activation bytes against a 64-byte unit of 8 rows gives; the two lanes are added once,
 // at the end of the row. The scale work per sub-block (the 8 rows' scales as floats) is done once for every row
-// of x in the tile. The per-format kernels: matmul_packed_q4k.h, matmul_packed_q6k.h (each: AVX-512 VNNI, AVX2
-// where written, portable); here the driver.
+// of x in the tile. The per-format kernels: matmul_packed_q4k.h, matmul_packed_q6k.h, matmul_packed_q80.h (each:
+// AVX-512 VNNI, AVX2 where written, portable); here the driver.
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cpu/matmul_activations.h"
 #include "kernels/cpu/matmul_packed_q4k.h"
 #include "kernels/cpu/matmul_packed_q6k.h"
+#include "kernels/cpu/matmul_packed_q80.h"
 #include "kernels/cpu/packed_rows.h"
 #include "kernels/cpu/parallel.h"
 
@@ -29,7 +31,8 @@ constexpr int kPackedTileRows = 4;  // AVX2 too: 2 was measured 0.90-0.97x of 4 
 // `fold` activation rows make one output row (2 for x with its residual).
 template <class Packed>
 void forward_packed(const MatmulArgs& a, const QuantizedRows& act, int fold) {
-  const int64_t blocks = a.K / GGML_EXT_QK_K, groups = a.N / kPackedRows, M = a.M * fold;
+  constexpr int64_t kQK = std::is_same_v<Packed, block_q8_0_r8> ? 32 : GGML_EXT_QK_K;
+  const int64_t blocks = a.K / kQK, groups = a.N / kPackedRows, M = a.M * fold;
   const int64_t group_bytes = blocks * static_cast<int64_t>(sizeof(Packed));
   const int64_t slice = std::max<int64_t>(1, (int64_t(192) << 10) / group_bytes);
   const auto* w = static_cast<const Packed*>(a.w);

@@ -1,4 +1,4 @@
-// Weight rows interleaved 8 at a time: Q4_K ("Q4_K_R8") and Q6_K ("Q6_K_R8"). A CPU-only copy of a matrix, made
+// Weight rows interleaved 8 at a time: Q4_K ("Q4_K_R8"), Q6_K ("Q6_K_R8") and Q8_0 ("Q8_0_R8"). A CPU-only copy of a matrix, made
 // once at load, in which one 64-byte vector holds 8 bytes of each of 8 rows. A one-row product then multiplies 8 weight rows by
 // one broadcast of 8 activation bytes, unpacks the scales of 8 rows together and never sums lanes within a row:
 // about a third of the instructions per weight of the row-by-row kernels, which on AVX-512 are compute-bound
@@ -112,18 +112,50 @@ inline void unpack_q6_k_block(const block_q6_k_r8* in, int r, block_q6_k* out) {
   }
 }
 
-// The packed formats, for code that handles both: the plain block, the packed one and the conversions.
+// Q8_0 ("Q8_0_R8"): 8 rows' 32-element blocks in 272 bytes, 8 times 34: the 8 d, then 4 units of 8 bytes (elements
+// 8 u .. 8 u + 7) of each row.
+struct block_q8_0_r8 {
+  uint16_t d[8];
+  int8_t qs[4][8][8];  // [unit u][row r][byte]: row r's qs[8 u ..+ 8]
+};
+static_assert(sizeof(block_q8_0_r8) == 8 * sizeof(block_q8_0), "block_q8_0_r8 size");
+constexpr int kTypeQ80R8 = 1008;
+constexpr int64_t kPackedQ80RowBytes = sizeof(block_q8_0_r8) / kPackedRows;  // 34, as Q8_0's own
+
+inline void pack_q8_0_block(const block_q8_0* const rows[kPackedRows], block_q8_0_r8* out) {
+  for (int r = 0; r < kPackedRows; ++r) {
+    out->d[r] = rows[r]->d;
+    for (int u = 0; u < 4; ++u) std::memcpy(out->qs[u][r], rows[r]->qs + 8 * u, 8);
+  }
+}
+
+inline void unpack_q8_0_block(const block_q8_0_r8* in, int r, block_q8_0* out) {
+  out->d = in->d[r];
+  for (int u = 0; u < 4; ++u) std::memcpy(out->qs + 8 * u, in->qs[u][r], 8);
+}
+
+// The packed formats, for code that handles several: the plain block, the packed one and the conversions.
 struct PackedQ4K {
   using Plain = block_q4_k;
   using Packed = block_q4_k_r8;
   static constexpr int kType = kTypeQ4KR8;
+  static constexpr int kQK = 256;
   static void pack(const Plain* const rows[kPackedRows], Packed* out) { pack_q4_k_block(rows, out); }
   static void unpack(const Packed* in, int r, Plain* out) { unpack_q4_k_block(in, r, out); }
+};
+struct PackedQ80 {
+  using Plain = block_q8_0;
+  using Packed = block_q8_0_r8;
+  static constexpr int kType = kTypeQ80R8;
+  static constexpr int kQK = 32;
+  static void pack(const Plain* const rows[kPackedRows], Packed* out) { pack_q8_0_block(rows, out); }
+  static void unpack(const Packed* in, int r, Plain* out) { unpack_q8_0_block(in, r, out); }
 };
 struct PackedQ6K {
   using Plain = block_q6_k;
   using Packed = block_q6_k_r8;
   static constexpr int kType = kTypeQ6KR8;
+  static constexpr int kQK = 256;
   static void pack(const Plain* const rows[kPackedRows], Packed* out) { pack_q6_k_block(rows, out); }
   static void unpack(const Packed* in, int r, Plain* out) { unpack_q6_k_block(in, r, out); }
 };

@@ -1,0 +1,78 @@
+// The product kernels of Q8_0_R8 (kernels/cpu/packed_rows.h); the driver is in matmul_packed_rows.h. Per 32-element
+// block and row, with c the signed codes and q x's codes (the same 32 elements: one activation scale dx)
+//     sum_i w_i x_i = d (dx * sum_i (c_i + 128) q_i - 128 Q)
+// where Q = dx sum_i q_i (the codes' sum, as the plain kernels take it): the codes flipped to unsigned bytes for
+// the unsigned-by-signed dot, and what the flip added taken off once per block.
+#pragma once
+#include <cstdint>
+
+#include "kernels/cpu/matmul_activations.h"
+#include "kernels/cpu/packed_rows.h"
+
+namespace ggml_ext::cpu::GGML_EXT_ISA {
+namespace {
+
+#if defined(__AVX512VNNI__) && defined(__AVX512VBMI__) && defined(__AVX512BW__)
+template <int MR>
+inline void packed_dot(const block_q8_0_r8* blk, int64_t b0, int64_t b1, const TileView& tile, const ChunkSums& sums,
+                       float* res) {
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  const __m512i pair_lanes = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+  __m512 acc[MR];
+  __m256 acc_offsets[MR];
+  for (int m = 0; m < MR; ++m) acc[m] = _mm512_setzero_ps(), acc_offsets[m] = _mm256_setzero_ps();
+  for (int64_t b = b0; b < b1; ++b) {
+    const block_q8_0_r8& B = blk[b];
+    prefetch_ahead<(sizeof(block_q8_0_r8) + 63) / 64>(reinterpret_cast<const uint8_t*>(&B));
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(B.d)));
+    const __m512 d_pairs = _mm512_permutexvar_ps(pair_lanes, _mm512_castps256_ps512(d));
+    __m512i codes[4];
+    for (int u = 0; u < 4; ++u) codes[u] = _mm512_xor_si512(_mm512_loadu_si512(B.qs[u]), flip);
+    const ActRecord* rec = tile.records(b / 2);
+    const int half = static_cast<int>(b & 1);
+    for (int m = 0; m < MR; ++m) {
+      const int8_t* q = rec[m].q + 32 * half;
+      __m512i dot = _mm512_setzero_si512();
+      for (int u = 0; u < 4; ++u) dot = _mm512_dpbusd_epi32(dot, codes[u], _mm512_set1_epi64(load_vec<long long>(q + 8 * u)));
+      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(d_pairs, _mm512_set1_ps(rec[m].d[half])), acc[m]);
+      const float* code_sums = sums.q_of(m, 2 * b);
+      acc_offsets[m] = _mm256_fmadd_ps(d, _mm256_set1_ps(code_sums[0] + code_sums[1]), acc_offsets[m]);
+    }
+  }
+  for (int m = 0; m < MR; ++m) {
+    // Row r: lanes 2r + 2r+1 of acc, lane r of acc_offsets (times -128).
+    const __m512 pairs = _mm512_add_ps(acc[m], _mm512_castsi512_ps(_mm512_srli_epi64(_mm512_castps_si512(acc[m]), 32)));
+    const __m256 rows = _mm512_castps512_ps256(_mm512_permutexvar_ps(
+        _mm512_set_epi32(15, 13, 11, 9, 7, 5, 3, 1, 14, 12, 10, 8, 6, 4, 2, 0), pairs));
+    _mm256_storeu_ps(res + 8 * m, _mm256_fmadd_ps(acc_offsets[m], _mm256_set1_ps(-128.0f), rows));
+  }
+}
+#else
+// Portable (and the AVX2 variant's, which has no Q8_0_R8 kernel of its own): one element at a time.
+template <int MR>
+inline void packed_dot(const block_q8_0_r8* blk, int64_t b0, int64_t b1, const TileView& tile, const ChunkSums& sums,
+                       float* res) {
+  float acc[MR][kPackedRows] = {};
+  for (int64_t b = b0; b < b1; ++b) {
+    const block_q8_0_r8& B = blk[b];
+    const ActRecord* rec = tile.records(b / 2);
+    const int half = static_cast<int>(b & 1);
+    for (int r = 0; r < kPackedRows; ++r) {
+      const float d = GGML_EXT_HALF_TO_FLOAT(B.d[r]);
+      for (int m = 0; m < MR; ++m) {
+        int32_t dot = 0;
+        for (int u = 0; u < 4; ++u) {
+          for (int i = 0; i < 8; ++i) dot += B.qs[u][r][i] * rec[m].q[32 * half + 8 * u + i];
+        }
+        acc[m][r] += d * (rec[m].d[half] * static_cast<float>(dot));
+      }
+    }
+  }
+  for (int m = 0; m < MR; ++m) {
+    for (int r = 0; r < kPackedRows; ++r) res[8 * m + r] = acc[m][r];
+  }
+}
+#endif
+
+}  // namespace
+}  // namespace ggml_ext::cpu::GGML_EXT_ISA
