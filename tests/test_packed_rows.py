@@ -33,6 +33,13 @@ def q4k(rng, n, k):
     return blocks_of(rng, "Q4_K", n, k)
 
 
+def packed_case(t, n, k, seed):
+    """(rng, plain blocks, their float64 matrix, the packed rows) of a random (n, k) matrix of type t."""
+    rng = np.random.default_rng(seed)
+    blocks, dense = blocks_of(rng, t, n, k)
+    return rng, blocks, dense, ops.pack_rows(blocks, t)
+
+
 def rel_max(got, expected) -> float:
     return float(np.abs(got - expected).max() / max(np.abs(expected).max(), 1e-30))
 
@@ -53,15 +60,21 @@ def test_either_type_round_trips_bit_for_bit(t, n, k):
     assert np.array_equal(np.array(ops.unpack_rows(packed, PACKED[t])), np.array(blocks))
 
 
+def plain_and_packed_blocks(t, n, k, seed):
+    """(groups of 8 rows, blocks per row, the plain blocks as (group, row, block, bytes), the packed ones as
+    (group, block, bytes))."""
+    blocks, _ = blocks_of(np.random.default_rng(seed), t, n, k)
+    qk = 32 if t == "Q8_0" else 256
+    plain_bytes = np.array(blocks).shape[1] // (k // qk)
+    g, nb = n // 8, k // qk
+    packed = np.array(ops.pack_rows(blocks, t)).reshape(g, nb, -1)
+    return g, nb, np.array(blocks).reshape(g, 8, nb, plain_bytes), packed
+
+
 def test_q6k_layout():
     """d at d[r], the 16 scales at scales[s][r], then per half n and unit u: row r's ql bytes 64 n + 8 u .. + 8,
     its ql bytes 64 n + 32 + 8 u .. + 8 and its qh bytes 32 n + 8 u .. + 8, 8 rows each (kernels/cpu/packed_rows.h)."""
-    rng = np.random.default_rng(8)
-    n, k = 16, 512
-    blocks, _ = blocks_of(rng, "Q6_K", n, k)
-    g, nb = n // 8, k // 256
-    raw = np.array(blocks).reshape(g, 8, nb, 210)
-    block = np.array(ops.pack_rows(blocks, "Q6_K")).reshape(g, nb, 1680)
+    g, nb, raw, block = plain_and_packed_blocks("Q6_K", 16, 512, 8)
     assert np.array_equal(block[..., :16].reshape(g, nb, 8, 2), raw[..., 208:210].transpose(0, 2, 1, 3))
     assert np.array_equal(block[..., 16:144].reshape(g, nb, 16, 8), raw[..., 192:208].transpose(0, 2, 3, 1))
     units = block[..., 144:].reshape(g, nb, 2, 4, 3, 8, 8)  # [half][unit][ql_a, ql_b, qh][row][byte]
@@ -73,12 +86,7 @@ def test_q6k_layout():
 
 def test_q8_0_layout():
     """d at d[r], then row r's bytes 8 u .. 8 u + 7 at qs[u][r] (kernels/cpu/packed_rows.h)."""
-    rng = np.random.default_rng(9)
-    n, k = 16, 96
-    blocks, _ = blocks_of(rng, "Q8_0", n, k)
-    g, nb = n // 8, k // 32
-    raw = np.array(blocks).reshape(g, 8, nb, 34)
-    block = np.array(ops.pack_rows(blocks, "Q8_0")).reshape(g, nb, 272)
+    g, nb, raw, block = plain_and_packed_blocks("Q8_0", 16, 96, 9)
     assert np.array_equal(block[..., :16].reshape(g, nb, 8, 2), raw[..., :2].transpose(0, 2, 1, 3))
     qs = block[..., 16:].reshape(g, nb, 4, 8, 8)
     assert np.array_equal(qs, raw[..., 2:].reshape(g, 8, nb, 4, 8).transpose(0, 2, 3, 1, 4))
@@ -106,10 +114,8 @@ def test_packing_round_trips_bit_for_bit(n, k):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 8, 13, 33])
 def test_product_matches_float64_and_the_plain_kernel(on_cpu, cpu_isa, dtype, m, t):
-    rng = np.random.default_rng(100 + m)
     n, k = 40, 768
-    blocks, dense = blocks_of(rng, t, n, k)
-    packed = ops.pack_rows(blocks, t)
+    rng, blocks, dense, packed = packed_case(t, n, k, 100 + m)
     x = mx.array(rng.standard_normal((m, k)).astype(np.float32)).astype(dtype)
     y = ops.quantized_matmul(x, packed, PACKED[t])
     assert y.dtype == dtype and y.shape == (m, n)
@@ -121,10 +127,8 @@ def test_product_matches_float64_and_the_plain_kernel(on_cpu, cpu_isa, dtype, m,
 
 @pytest.mark.parametrize("t", list(PACKED))
 def test_long_rows_and_many_rows_across_threads(on_cpu, t):
-    rng = np.random.default_rng(7)
     n, k = 2048, 4096
-    blocks, dense = blocks_of(rng, t, n, k)
-    packed = ops.pack_rows(blocks, t)
+    rng, blocks, dense, packed = packed_case(t, n, k, 7)
     for m in (1, 6, 70):
         x = mx.array(rng.standard_normal((2, m, k)).astype(np.float32))  # leading axes are rows too
         y = ops.quantized_matmul(x, packed, PACKED[t])
@@ -134,10 +138,8 @@ def test_long_rows_and_many_rows_across_threads(on_cpu, t):
 
 @pytest.mark.parametrize("t", list(PACKED))
 def test_precise_x_on_packed_rows(on_cpu, cpu_isa, t):
-    rng = np.random.default_rng(5)
     n, k = 16, 512
-    blocks, dense = blocks_of(rng, t, n, k)
-    packed = ops.pack_rows(blocks, t)
+    rng, blocks, dense, packed = packed_case(t, n, k, 5)
     for m in (1, 3, 9):
         x = rng.standard_normal((m, k)).astype(np.float32)
         x[:, ::37] *= 20.0
@@ -151,10 +153,8 @@ def test_precise_x_on_packed_rows(on_cpu, cpu_isa, t):
 
 @pytest.mark.parametrize("t", list(PACKED))
 def test_gradient_jvp_vmap_and_compile(on_cpu, t):
-    rng = np.random.default_rng(9)
     n, k = 32, 512
-    blocks, dense = blocks_of(rng, t, n, k)
-    packed = ops.pack_rows(blocks, t)
+    rng, blocks, dense, packed = packed_case(t, n, k, 9)
     x = mx.array(rng.standard_normal((3, k)).astype(np.float32))
     ct = mx.array(rng.standard_normal((3, n)).astype(np.float32))
     _, (g_packed,) = mx.vjp(lambda v: ops.quantized_matmul(v, packed, PACKED[t]), [x], [ct])

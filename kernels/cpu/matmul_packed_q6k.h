@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "kernels/cpu/matmul_activations.h"
+#include "kernels/cpu/matmul_packed_lanes.h"
 #include "kernels/cpu/packed_rows.h"
 
 namespace ggml_ext::cpu::GGML_EXT_ISA {
@@ -79,14 +80,9 @@ inline void packed_dot(const block_q6_k_r8* blk, int64_t b0, int64_t b1, const T
       }
     }
   }
-  for (int m = 0; m < MR; ++m) {
-    // Row r: lanes 2r + 2r+1 of acc, lanes r and 8 + r of acc_offsets (times -32).
-    const __m512 pairs = _mm512_add_ps(acc[m], _mm512_castsi512_ps(_mm512_srli_epi64(_mm512_castps_si512(acc[m]), 32)));
-    const __m256 rows = _mm512_castps512_ps256(_mm512_permutexvar_ps(
-        _mm512_set_epi32(15, 13, 11, 9, 7, 5, 3, 1, 14, 12, 10, 8, 6, 4, 2, 0), pairs));
-    const __m256 offsets = _mm256_add_ps(_mm512_castps512_ps256(acc_offsets[m]),
-                                         _mm512_extractf32x8_ps(acc_offsets[m], 1));
-    _mm256_storeu_ps(res + 8 * m, _mm256_fmadd_ps(offsets, _mm256_set1_ps(-32.0f), rows));
+  for (int m = 0; m < MR; ++m) {  // the centre's term times -32
+    _mm256_storeu_ps(res + 8 * m, _mm256_fmadd_ps(rows_of_halves(acc_offsets[m]), _mm256_set1_ps(-32.0f),
+                                                  rows_of_lane_pairs(acc[m])));
   }
 }
 #else
@@ -123,9 +119,7 @@ inline void packed_dot(const block_q6_k_r8* blk, int64_t b0, int64_t b1, const T
       }
     }
   }
-  for (int m = 0; m < MR; ++m) {
-    for (int r = 0; r < kPackedRows; ++r) res[8 * m + r] = acc[m][r];
-  }
+  store_rows(acc, res);
 }
 #endif
 
