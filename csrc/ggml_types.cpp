@@ -24,19 +24,14 @@ const char* type_name(int type) {
 }  // namespace
 
 GGMLTypeInfo ggml_type_info(int type, const char* op) {
-  namespace cpu = ggml_ext::cpu;
-  if (type == cpu::kTypeQ4KR8 || type == cpu::kTypeQ6KR8 || type == cpu::kTypeQ80R8) {
-    // A packed copy (kernels/cpu/packed_rows.h): a byte width per row of 8 rows' share of a packed block. Only
-    // the product reads it; everything else would read its bytes as plain rows.
-    const GGMLTypeInfo info = type == cpu::kTypeQ4KR8   ? GGMLTypeInfo{type, "Q4_K_R8", GGML_EXT_QK_K, 148}
-                              : type == cpu::kTypeQ6KR8 ? GGMLTypeInfo{type, "Q6_K_R8", GGML_EXT_QK_K, 210}
-                                                        : GGMLTypeInfo{type, "Q8_0_R8", GGML_EXT_QK32, 34};
-    static_assert(cpu::kPackedQ4KRowBytes == 148 && cpu::kPackedQ6KRowBytes == 210 && cpu::kPackedQ80RowBytes == 34);
+  if (const auto* packed = ggml_ext::cpu::packed_type_info(type)) {
+    // A packed copy (kernels/cpu/packed_rows.h): only the product reads it; every other op would read its bytes as
+    // plain rows.
     if (std::strcmp(op, kPackedRowsOp) != 0) {
-      throw std::invalid_argument(cat("[", op, "] ", info.name, " (rows packed for the CPU by pack_rows) is read by ",
+      throw std::invalid_argument(cat("[", op, "] ", packed->name, " (rows packed for the CPU by pack_rows) is read by ",
                                       kPackedRowsOp, " only; use unpack_rows to get the blocks back."));
     }
-    return info;
+    return {type, packed->name, packed->block_size, packed->row_bytes};
   }
   const char* name = type_name(type);
   if (name == nullptr) {

@@ -14,7 +14,7 @@ struct GGMLTypeInfo {
   int type_size;     // bytes per block
 };
 
-// The one op that takes a packed copy of rows (pack_rows: Q4_K_R8, CPU only); every other op refuses it.
+// The one op that takes a packed copy of rows (pack_rows: Q4_K_R8 etc., CPU only); every other op refuses it.
 constexpr const char* kPackedRowsOp = "quantized_matmul";
 
 // The type's layout, or a ValueError naming the op and the unknown id (or a packed type the op cannot read).

@@ -34,25 +34,9 @@ mx::array converted(const mx::array& rows, int64_t out_row_bytes,
   return out;
 }
 
-// The packed format of a plain type and back: Q4_K <-> Q4_K_R8, Q6_K <-> Q6_K_R8; 0 for any other.
-int packed_type_of(int plain) {
-  switch (plain) {
-    case GGML_EXT_TYPE_Q4_K: return cpu::kTypeQ4KR8;
-    case GGML_EXT_TYPE_Q6_K: return cpu::kTypeQ6KR8;
-    case GGML_EXT_TYPE_Q8_0: return cpu::kTypeQ80R8;
-    default: return 0;
-  }
-}
-
-bool is_packed(int type) { return type == cpu::kTypeQ4KR8 || type == cpu::kTypeQ6KR8 || type == cpu::kTypeQ80R8; }
-
 const char* type_name(int type, const char* op) {
-  switch (type) {
-    case cpu::kTypeQ4KR8: return "Q4_K_R8";
-    case cpu::kTypeQ6KR8: return "Q6_K_R8";
-    case cpu::kTypeQ80R8: return "Q8_0_R8";
-    default: return ggml_type_info(type, op).name;
-  }
+  const auto* packed = cpu::packed_type_info(type);
+  return packed ? packed->name : ggml_type_info(type, op).name;
 }
 
 template <class P>
@@ -75,7 +59,8 @@ mx::array pack_rows(const mx::array& blocks, int ggml_type) {
     default: break;
   }
   throw std::invalid_argument(cat("[", kOp, "] packs Q4_K, Q6_K and Q8_0 rows only, got ggml type ",
-                                  type_name(ggml_type, kOp), is_packed(ggml_type) ? " (already packed)." : "."));
+                                  type_name(ggml_type, kOp),
+                                  cpu::packed_type_info(ggml_type) ? " (already packed)." : "."));
 }
 
 mx::array unpack_rows(const mx::array& packed, int ggml_type) {
@@ -91,12 +76,12 @@ mx::array unpack_rows(const mx::array& packed, int ggml_type) {
 }
 
 int packed_type(int ggml_type) {
-  const int packed = packed_type_of(ggml_type);
-  if (packed == 0) {
+  const auto* packed = cpu::packing_of(ggml_type);
+  if (packed == nullptr) {
     throw std::invalid_argument(cat("[pack_rows] packs Q4_K, Q6_K and Q8_0 rows only, got ggml type ",
                                     type_name(ggml_type, "pack_rows"), "."));
   }
-  return packed;
+  return packed->type;
 }
 
 }  // namespace mlx_ggml_ext

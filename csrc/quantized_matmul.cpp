@@ -17,9 +17,7 @@ namespace {
 constexpr const char* kOp = "quantized_matmul";
 constexpr const char* kMulMat = "mul_mat";
 
-bool is_packed_rows(int type) {
-  return type == ggml_ext::cpu::kTypeQ4KR8 || type == ggml_ext::cpu::kTypeQ6KR8 || type == ggml_ext::cpu::kTypeQ80R8;
-}
+bool is_packed_rows(int type) { return ggml_ext::cpu::packed_type_info(type) != nullptr; }
 
 // Elements per weight row held by `row_bytes` bytes of blocks.
 int64_t row_elements(int type, int64_t row_bytes) {

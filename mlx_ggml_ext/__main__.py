@@ -66,7 +66,7 @@ def check_quantized_matmul(rng, dtype):
         got = _f64(ops.quantized_matmul(x, mx.array(data), t))
         expected = _f64(x) @ reference.dequantize(data, t.name, (24, k)).T
         worst = max(worst, float(np.sum((got - expected) ** 2) / np.sum(expected ** 2)))
-        if t.name in ("Q4_K", "Q6_K") and mx.default_device() == mx.cpu:  # the same rows packed for the CPU
+        if t in ops.PACKABLE_TYPES and mx.default_device() == mx.cpu:  # the same rows packed for the CPU
             got = _f64(ops.quantized_matmul(x, ops.pack_rows(mx.array(data), t), t.name + "_R8"))
             worst = max(worst, float(np.sum((got - expected) ** 2) / np.sum(expected ** 2)))
     return worst, 2e-4

@@ -9,7 +9,7 @@ import mlx.nn as nn
 from mlx.utils import tree_unflatten
 
 from . import _ext
-from .ops import evaluate_ids_on_gpu
+from .ops import PACKABLE_TYPES, evaluate_ids_on_gpu
 from .types import GGMLTensor, GGMLType
 
 
@@ -23,7 +23,7 @@ def _matrix_shape(weight: GGMLTensor, axes: str) -> tuple:
 
 def packable(ggml_type: GGMLType, rows: int) -> bool:
     """Whether a matrix of `rows` rows of this type can be packed for the CPU (ops.pack_rows)."""
-    return ggml_type in (GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0) and rows % 8 == 0
+    return ggml_type in PACKABLE_TYPES and rows % 8 == 0
 
 
 class GGMLLinear(nn.Module):
@@ -41,7 +41,7 @@ class GGMLLinear(nn.Module):
         self.precise_x = precise_x
         self.output_dims, self.input_dims = _matrix_shape(weight, "(output_dims, input_dims)")
         self.ggml_type = weight.ggml_type
-        self.kernel_type = int(weight.ggml_type)  # what the product reads: the type, or Q4_K_R8 once packed
+        self.kernel_type = int(weight.ggml_type)  # what the product reads: the type, or its packed id
         self.weight = weight.data
         if bias is not None:
             if not isinstance(bias, mx.array):

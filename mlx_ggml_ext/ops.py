@@ -218,10 +218,12 @@ Q4_K_R8 = _ext.Q4_K_R8
 Q6_K_R8 = _ext.Q6_K_R8
 Q8_0_R8 = _ext.Q8_0_R8
 _PACKED_NAMES = {"Q4_K_R8": Q4_K_R8, "Q6_K_R8": Q6_K_R8, "Q8_0_R8": Q8_0_R8}
+#: The types :func:`pack_rows` packs.
+PACKABLE_TYPES = (GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0)
 
 
 def _type_id(ggml_type) -> int:
-    """A GGMLType's id, or a packed layout's ("Q4_K_R8" / "Q6_K_R8" in any case, or the id)."""
+    """A GGMLType's id, or a packed layout's ("Q4_K_R8" etc. in any case, or the id)."""
     if isinstance(ggml_type, str) and ggml_type.upper() in _PACKED_NAMES:
         return _PACKED_NAMES[ggml_type.upper()]
     if not isinstance(ggml_type, (str, GGMLType)) and ggml_type in _PACKED_NAMES.values():

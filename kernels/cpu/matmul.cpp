@@ -293,10 +293,10 @@ void matmul_packed(const MatmulArgs& a) {
   QuantizedRows act;
   if (a.precise_x) {
     quantize_x_with_residual(a, act);
-    return forward_packed<typename P::Packed>(a, act, 2);
+    return forward_packed<P>(a, act, 2);
   }
   quantize_x(a, act);
-  forward_packed<typename P::Packed>(a, act, 1);
+  forward_packed<P>(a, act, 1);
 }
 
 #if defined(__AVX512VNNI__) && defined(__AVX512VBMI__)

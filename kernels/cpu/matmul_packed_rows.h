@@ -10,7 +10,6 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
-#include <type_traits>
 
 #include "kernels/cpu/matmul_activations.h"
 #include "kernels/cpu/matmul_packed_q4k.h"
@@ -29,10 +28,10 @@ constexpr int kPackedTileRows = 4;  // AVX2 too: 2 was measured 0.90-0.97x of 4 
 // Every (row tile of x, group of 8 weight rows) of the forward product on activations already quantized:
 // groups split across threads, each thread's groups taken in cache-sized slices that every tile of x reads.
 // `fold` activation rows make one output row (2 for x with its residual).
-template <class Packed>
+template <class P>
 void forward_packed(const MatmulArgs& a, const QuantizedRows& act, int fold) {
-  constexpr int64_t kQK = std::is_same_v<Packed, block_q8_0_r8> ? 32 : GGML_EXT_QK_K;
-  const int64_t blocks = a.K / kQK, groups = a.N / kPackedRows, M = a.M * fold;
+  using Packed = typename P::Packed;
+  const int64_t blocks = a.K / P::kQK, groups = a.N / kPackedRows, M = a.M * fold;
   const int64_t group_bytes = blocks * static_cast<int64_t>(sizeof(Packed));
   const int64_t slice = std::max<int64_t>(1, (int64_t(192) << 10) / group_bytes);
   const auto* w = static_cast<const Packed*>(a.w);

@@ -1,15 +1,16 @@
-// Weight rows interleaved 8 at a time: Q4_K ("Q4_K_R8"), Q6_K ("Q6_K_R8") and Q8_0 ("Q8_0_R8"). A CPU-only copy of a matrix, made
-// once at load, in which one 64-byte vector holds 8 bytes of each of 8 rows. A one-row product then multiplies 8 weight rows by
-// one broadcast of 8 activation bytes, unpacks the scales of 8 rows together and never sums lanes within a row:
-// about a third of the instructions per weight of the row-by-row kernels, which on AVX-512 are compute-bound
-// at two threads where this layout is memory-bound (docs/performance.md). GPUs never see it: the primitives
+// Weight rows interleaved 8 at a time: Q4_K ("Q4_K_R8"), Q6_K ("Q6_K_R8") and Q8_0 ("Q8_0_R8"). A CPU-only copy
+// of a matrix, made once at load, in which one 64-byte vector holds 8 bytes of each of 8 rows. A one-row product
+// then multiplies 8 weight rows by one broadcast of 8 activation bytes, unpacks the scales of 8 rows together and
+// never sums lanes within a row (docs/performance.md has what that gains). GPUs never see it: the primitives
 // refuse it on CUDA and Metal.
 //
-// A packed block covers rows 8g .. 8g + 7 and elements [256 b, 256 b + 256) of them: for Q4_K 1,184 bytes where
-// the 8 Q4_K blocks took 1,152 (the 6-bit scales stored as bytes), for Q6_K the same 1,680 bytes. A group's blocks follow each other along K, groups
-// follow each other along N; as an MLX array the bytes are shaped (N, K / 256 * 148), 148 = 1184 / 8 (Q6_K: 210), so that the
-// shape logic of the plain types (N rows, a byte width per row) holds, although row n's bytes are not row n's.
-// Plain C++ (no ISA namespace): the repacking op in csrc/ and the kernels share it.
+// A packed block covers rows 8g .. 8g + 7 and one block-step of K (256 elements; 32 for Q8_0): for Q4_K 1,184
+// bytes where the 8 Q4_K blocks took 1,152 (the 6-bit scales stored as bytes), for Q6_K and Q8_0 the blocks' own
+// 1,680 and 272. A group's blocks follow each other along K, groups follow each other along N; as an MLX array
+// the bytes are shaped (N, K / 256 * 148) (Q6_K: the plain rows' width, Q8_0 too), so that the shape logic of the
+// plain types (N rows, a byte width per row) holds, although row n's bytes are not row n's.
+// Plain C++ (no ISA namespace): the repacking op in csrc/, the type table of csrc/ggml_types.cpp and the kernels
+// share it.
 #pragma once
 #include <cstdint>
 #include <cstring>
@@ -29,7 +30,6 @@ struct block_q4_k_r8 {
   uint8_t qs[4][4][8][8];    // [64-element chunk j][unit u][row r][byte]: row r's Q4_K bytes qs[32 j + 8 u ..+ 8]
 };
 static_assert(sizeof(block_q4_k_r8) == 1184, "block_q4_k_r8 size");
-constexpr int64_t kPackedQ4KRowBytes = sizeof(block_q4_k_r8) / kPackedRows;  // 148 per row and 256 elements
 
 // Byte b of a unit holds, in its low nibble, element 64 j + 8 u + b of its row (sub-block 2 j) and, in its high
 // nibble, element 64 j + 32 + 8 u + b (sub-block 2 j + 1): Q4_K's own nibble order, 8 bytes at a time.
@@ -82,7 +82,6 @@ struct block_q6_k_r8 {
 };
 static_assert(sizeof(block_q6_k_r8) == 8 * sizeof(block_q6_k), "block_q6_k_r8 size");
 constexpr int kTypeQ6KR8 = 1014;
-constexpr int64_t kPackedQ6KRowBytes = sizeof(block_q6_k_r8) / kPackedRows;  // 210, as Q6_K's own
 
 inline void pack_q6_k_block(const block_q6_k* const rows[kPackedRows], block_q6_k_r8* out) {
   for (int r = 0; r < kPackedRows; ++r) {
@@ -120,7 +119,6 @@ struct block_q8_0_r8 {
 };
 static_assert(sizeof(block_q8_0_r8) == 8 * sizeof(block_q8_0), "block_q8_0_r8 size");
 constexpr int kTypeQ80R8 = 1008;
-constexpr int64_t kPackedQ80RowBytes = sizeof(block_q8_0_r8) / kPackedRows;  // 34, as Q8_0's own
 
 inline void pack_q8_0_block(const block_q8_0* const rows[kPackedRows], block_q8_0_r8* out) {
   for (int r = 0; r < kPackedRows; ++r) {
@@ -159,6 +157,37 @@ struct PackedQ6K {
   static void pack(const Plain* const rows[kPackedRows], Packed* out) { pack_q6_k_block(rows, out); }
   static void unpack(const Packed* in, int r, Plain* out) { unpack_q6_k_block(in, r, out); }
 };
+
+// The packed types, listed once: id, name, the plain type they pack, elements per block and bytes per row of a
+// block (8 rows' share of a packed block).
+struct PackedTypeInfo {
+  int type;
+  const char* name;
+  int plain;
+  int block_size;
+  int row_bytes;
+};
+template <class P>
+constexpr PackedTypeInfo packed_type_entry(const char* name, int plain) {
+  return {P::kType, name, plain, P::kQK, static_cast<int>(sizeof(typename P::Packed) / kPackedRows)};
+}
+constexpr PackedTypeInfo kPackedTypes[] = {packed_type_entry<PackedQ4K>("Q4_K_R8", GGML_EXT_TYPE_Q4_K),
+                                           packed_type_entry<PackedQ6K>("Q6_K_R8", GGML_EXT_TYPE_Q6_K),
+                                           packed_type_entry<PackedQ80>("Q8_0_R8", GGML_EXT_TYPE_Q8_0)};
+
+// The entry of packed type `type`, or of the packed form of plain type `plain`; nullptr if there is none.
+inline const PackedTypeInfo* packed_type_info(int type) {
+  for (const auto& t : kPackedTypes) {
+    if (t.type == type) return &t;
+  }
+  return nullptr;
+}
+inline const PackedTypeInfo* packing_of(int plain) {
+  for (const auto& t : kPackedTypes) {
+    if (t.plain == plain) return &t;
+  }
+  return nullptr;
+}
 
 // A whole (N, K) matrix (rows of `blocks` blocks) into the packed layout (N a multiple of 8) and back.
 template <class P>

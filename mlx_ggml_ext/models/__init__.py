@@ -55,7 +55,7 @@ PACKED_ROWS_ISAS = ("avx512",)
 
 
 def packs_rows_by_default() -> bool:
-    """Whether `load` packs Q4_K rows for the CPU when not told: MLX_GGML_EXT_PACK_ROWS=1/0 if set, else when the
+    """Whether `load` packs rows for the CPU when not told: MLX_GGML_EXT_PACK_ROWS=1/0 if set, else when the
     default device is the CPU and its kernel variant has the packed SIMD kernel."""
     env = os.environ.get("MLX_GGML_EXT_PACK_ROWS", "")
     if env not in ("", "0", "1"):
