@@ -117,6 +117,7 @@ NB_MODULE(_ext, m) {
   m.def("packed_type", &packed_type, "ggml_type"_a, "The type id of a plain type's packed rows.");
   m.attr("Q4_K_R8") = ggml_ext::cpu::kTypeQ4KR8;
   m.attr("Q6_K_R8") = ggml_ext::cpu::kTypeQ6KR8;
+  m.attr("Q5_0_R8") = ggml_ext::cpu::kTypeQ50R8;
   m.attr("Q8_0_R8") = ggml_ext::cpu::kTypeQ80R8;
   m.def("mul_mat",
         [](const mx::array& a, int type, const std::vector<int>& a_shape, const mx::array& b, mx::StreamOrDevice s) {

@@ -55,10 +55,11 @@ mx::array pack_rows(const mx::array& blocks, int ggml_type) {
   switch (ggml_type) {
     case GGML_EXT_TYPE_Q4_K: return convert<cpu::PackedQ4K>(blocks, true, kOp);
     case GGML_EXT_TYPE_Q6_K: return convert<cpu::PackedQ6K>(blocks, true, kOp);
+    case GGML_EXT_TYPE_Q5_0: return convert<cpu::PackedQ50>(blocks, true, kOp);
     case GGML_EXT_TYPE_Q8_0: return convert<cpu::PackedQ80>(blocks, true, kOp);
     default: break;
   }
-  throw std::invalid_argument(cat("[", kOp, "] packs Q4_K, Q6_K and Q8_0 rows only, got ggml type ",
+  throw std::invalid_argument(cat("[", kOp, "] packs Q4_K, Q6_K, Q5_0 and Q8_0 rows only, got ggml type ",
                                   type_name(ggml_type, kOp),
                                   cpu::packed_type_info(ggml_type) ? " (already packed)." : "."));
 }
@@ -68,17 +69,18 @@ mx::array unpack_rows(const mx::array& packed, int ggml_type) {
   switch (ggml_type) {
     case cpu::kTypeQ4KR8: return convert<cpu::PackedQ4K>(packed, false, kOp);
     case cpu::kTypeQ6KR8: return convert<cpu::PackedQ6K>(packed, false, kOp);
+    case cpu::kTypeQ50R8: return convert<cpu::PackedQ50>(packed, false, kOp);
     case cpu::kTypeQ80R8: return convert<cpu::PackedQ80>(packed, false, kOp);
     default: break;
   }
-  throw std::invalid_argument(cat("[", kOp, "] unpacks Q4_K_R8, Q6_K_R8 and Q8_0_R8 (pack_rows' outputs) only, got "
+  throw std::invalid_argument(cat("[", kOp, "] unpacks Q4_K_R8, Q6_K_R8, Q5_0_R8 and Q8_0_R8 (pack_rows' outputs) only, got "
                                   "ggml type ", type_name(ggml_type, kOp), "."));
 }
 
 int packed_type(int ggml_type) {
   const auto* packed = cpu::packing_of(ggml_type);
   if (packed == nullptr) {
-    throw std::invalid_argument(cat("[pack_rows] packs Q4_K, Q6_K and Q8_0 rows only, got ggml type ",
+    throw std::invalid_argument(cat("[pack_rows] packs Q4_K, Q6_K, Q5_0 and Q8_0 rows only, got ggml type ",
                                     type_name(ggml_type, "pack_rows"), "."));
   }
   return packed->type;

@@ -213,13 +213,14 @@ def quantize(w: mx.array, ggml_type, *, imatrix: mx.array = None, stream: Stream
     return _ext.quantize(w, int(GGMLType.of(ggml_type)), imatrix=imatrix, stream=stream)
 
 
-#: The type ids of Q4_K, Q6_K and Q8_0 rows packed by :func:`pack_rows` (not ggml types: never in a file).
+#: The type ids of Q4_K, Q6_K, Q5_0 and Q8_0 rows packed by :func:`pack_rows` (not ggml types: never in a file).
 Q4_K_R8 = _ext.Q4_K_R8
 Q6_K_R8 = _ext.Q6_K_R8
+Q5_0_R8 = _ext.Q5_0_R8
 Q8_0_R8 = _ext.Q8_0_R8
-_PACKED_NAMES = {"Q4_K_R8": Q4_K_R8, "Q6_K_R8": Q6_K_R8, "Q8_0_R8": Q8_0_R8}
+_PACKED_NAMES = {"Q4_K_R8": Q4_K_R8, "Q6_K_R8": Q6_K_R8, "Q5_0_R8": Q5_0_R8, "Q8_0_R8": Q8_0_R8}
 #: The types :func:`pack_rows` packs.
-PACKABLE_TYPES = (GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0)
+PACKABLE_TYPES = (GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q5_0, GGMLType.Q8_0)
 
 
 def _type_id(ggml_type) -> int:
@@ -232,12 +233,12 @@ def _type_id(ggml_type) -> int:
 
 
 def pack_rows(w: Union[GGMLTensor, mx.array], ggml_type=None) -> mx.array:
-    """Q4_K, Q6_K or Q8_0 rows packed 8 at a time for the CPU's products: pass the result to
-    :func:`quantized_matmul` with ``ggml_type="Q4_K_R8"`` (resp. ``"Q6_K_R8"``, ``"Q8_0_R8"``).
+    """Q4_K, Q6_K, Q5_0 or Q8_0 rows packed 8 at a time for the CPU's products: pass the result to
+    :func:`quantized_matmul` with ``ggml_type="Q4_K_R8"`` (resp. ``"Q6_K_R8"``, ``"Q5_0_R8"``, ``"Q8_0_R8"``).
 
-    ``w``: a Q4_K, Q6_K or Q8_0 :class:`GGMLTensor` of shape ``(N, K)``, or its raw blocks (uint8
+    ``w``: a Q4_K, Q6_K, Q5_0 or Q8_0 :class:`GGMLTensor` of shape ``(N, K)``, or its raw blocks (uint8
     ``(N, bytes_per_row)``) with ``ggml_type``; N must be a multiple of 8. Returns a new uint8 array:
-    ``(N, K / 256 * 148)`` for Q4_K (2.8% larger than the blocks), the blocks' own shape for Q6_K and Q8_0. A copy
+    ``(N, K / 256 * 148)`` for Q4_K (2.8% larger than the blocks), the blocks' own shape for the others. A copy
     made once, e.g. at load; the
     product on it reads 8 rows per vector and is 1.3-2x faster on AVX-512 machines. CPU only: the GPU kernels do
     not read it (:func:`unpack_rows` gives the blocks back).
@@ -248,13 +249,13 @@ def pack_rows(w: Union[GGMLTensor, mx.array], ggml_type=None) -> mx.array:
         ggml_type, w = w.ggml_type, w.data
     _require_array("w", w)
     if ggml_type is None:
-        raise TypeError("pack_rows needs the blocks' ggml_type (Q4_K, Q6_K or Q8_0)")
+        raise TypeError("pack_rows needs the blocks' ggml_type (Q4_K, Q6_K, Q5_0 or Q8_0)")
     return _ext.pack_rows(w, _type_id(ggml_type))
 
 
 def unpack_rows(packed: mx.array, ggml_type="Q4_K_R8") -> mx.array:
     """The blocks (uint8 ``(N, bytes_per_row)``) that :func:`pack_rows` packed into ``packed`` (of ``ggml_type``
-    "Q4_K_R8", "Q6_K_R8" or "Q8_0_R8"), bit for bit."""
+    "Q4_K_R8", "Q6_K_R8", "Q5_0_R8" or "Q8_0_R8"), bit for bit."""
     _require_array("packed", packed)
     return _ext.unpack_rows(packed, _type_id(ggml_type))
 

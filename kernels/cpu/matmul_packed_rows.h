@@ -5,7 +5,7 @@
 // AVX2 maddubs) into int32 lanes: lanes 2r and 2r + 1 hold row r's first and last 4 elements of every 8, which is
 // what one broadcast of 8 activation bytes against a 64-byte unit of 8 rows gives; the two lanes are added once,
 // at the end of the row. The scale work per sub-block (the 8 rows' scales as floats) is done once for every row
-// of x in the tile. The per-format kernels: matmul_packed_q4k.h, matmul_packed_q6k.h, matmul_packed_q80.h (each:
+// of x in the tile. The per-format kernels: matmul_packed_q4k.h, matmul_packed_q6k.h, matmul_packed_qk32.h (each:
 // AVX-512 VNNI, AVX2 where written, portable); here the driver.
 #pragma once
 #include <algorithm>
@@ -14,7 +14,7 @@
 #include "kernels/cpu/matmul_activations.h"
 #include "kernels/cpu/matmul_packed_q4k.h"
 #include "kernels/cpu/matmul_packed_q6k.h"
-#include "kernels/cpu/matmul_packed_q80.h"
+#include "kernels/cpu/matmul_packed_qk32.h"
 #include "kernels/cpu/packed_rows.h"
 #include "kernels/cpu/parallel.h"
 

@@ -1,12 +1,13 @@
-// Weight rows interleaved 8 at a time: Q4_K ("Q4_K_R8"), Q6_K ("Q6_K_R8") and Q8_0 ("Q8_0_R8"). A CPU-only copy
+// Weight rows interleaved 8 at a time: Q4_K ("Q4_K_R8"), Q6_K ("Q6_K_R8"), Q5_0 ("Q5_0_R8") and Q8_0 ("Q8_0_R8").
+// A CPU-only copy
 // of a matrix, made once at load, in which one 64-byte vector holds 8 bytes of each of 8 rows. A one-row product
 // then multiplies 8 weight rows by one broadcast of 8 activation bytes, unpacks the scales of 8 rows together and
 // never sums lanes within a row (docs/performance.md has what that gains). GPUs never see it: the primitives
 // refuse it on CUDA and Metal.
 //
-// A packed block covers rows 8g .. 8g + 7 and one block-step of K (256 elements; 32 for Q8_0): for Q4_K 1,184
-// bytes where the 8 Q4_K blocks took 1,152 (the 6-bit scales stored as bytes), for Q6_K and Q8_0 the blocks' own
-// 1,680 and 272. A group's blocks follow each other along K, groups follow each other along N; as an MLX array
+// A packed block covers rows 8g .. 8g + 7 and one block-step of K (256 elements; 32 for Q5_0 and Q8_0): for Q4_K
+// 1,184 bytes where the 8 Q4_K blocks took 1,152 (the 6-bit scales stored as bytes), for Q6_K, Q5_0 and Q8_0 the
+// blocks' own 1,680, 176 and 272. A group's blocks follow each other along K, groups follow each other along N; as an MLX array
 // the bytes are shaped (N, K / 256 * 148) (Q6_K: the plain rows' width, Q8_0 too), so that the shape logic of the
 // plain types (N rows, a byte width per row) holds, although row n's bytes are not row n's.
 // Plain C++ (no ISA namespace): the repacking op in csrc/, the type table of csrc/ggml_types.cpp and the kernels
@@ -132,6 +133,34 @@ inline void unpack_q8_0_block(const block_q8_0_r8* in, int r, block_q8_0* out) {
   for (int u = 0; u < 4; ++u) std::memcpy(out->qs + 8 * u, in->qs[u][r], 8);
 }
 
+// Q5_0 ("Q5_0_R8"): 8 rows' 32-element blocks in 176 bytes, 8 times 22. Q5_0's element i (code 0..31, value
+// d (code - 16)) has its low 4 bits in qs[i] (low nibble, i < 16) or qs[i - 16] (high nibble) and its fifth bit at
+// bit i of qh (little endian). Here the nibble bytes of 8 rows fill two 64-byte vectors, 8 bytes of each row:
+// vector h holds qs[8 h ..+ 8], whose low nibbles are elements 8 h .. 8 h + 7 (unit h) and high nibbles elements
+// 16 + 8 h .. (unit h + 2). The fifth bits of unit u are 8 bytes, byte r row r's qh[u]: as a 64-bit mask, bit
+// 8 r + i is the fifth bit of the element in byte 8 r + i of the unit's vector, so one masked byte add sets them.
+struct block_q5_0_r8 {
+  uint16_t d[8];
+  uint8_t qh[4][8];     // [unit u][row r]: row r's qh[u] (the fifth bits of its elements 8 u .. 8 u + 7)
+  uint8_t qs[2][8][8];  // [vector h][row r][byte]: row r's qs[8 h ..+ 8]
+};
+static_assert(sizeof(block_q5_0_r8) == 8 * sizeof(block_q5_0), "block_q5_0_r8 size");
+constexpr int kTypeQ50R8 = 1006;
+
+inline void pack_q5_0_block(const block_q5_0* const rows[kPackedRows], block_q5_0_r8* out) {
+  for (int r = 0; r < kPackedRows; ++r) {
+    out->d[r] = rows[r]->d;
+    for (int u = 0; u < 4; ++u) out->qh[u][r] = rows[r]->qh[u];
+    for (int h = 0; h < 2; ++h) std::memcpy(out->qs[h][r], rows[r]->qs + 8 * h, 8);
+  }
+}
+
+inline void unpack_q5_0_block(const block_q5_0_r8* in, int r, block_q5_0* out) {
+  out->d = in->d[r];
+  for (int u = 0; u < 4; ++u) out->qh[u] = in->qh[u][r];
+  for (int h = 0; h < 2; ++h) std::memcpy(out->qs + 8 * h, in->qs[h][r], 8);
+}
+
 // The packed formats, for code that handles several: the plain block, the packed one and the conversions.
 struct PackedQ4K {
   using Plain = block_q4_k;
@@ -148,6 +177,14 @@ struct PackedQ80 {
   static constexpr int kQK = 32;
   static void pack(const Plain* const rows[kPackedRows], Packed* out) { pack_q8_0_block(rows, out); }
   static void unpack(const Packed* in, int r, Plain* out) { unpack_q8_0_block(in, r, out); }
+};
+struct PackedQ50 {
+  using Plain = block_q5_0;
+  using Packed = block_q5_0_r8;
+  static constexpr int kType = kTypeQ50R8;
+  static constexpr int kQK = 32;
+  static void pack(const Plain* const rows[kPackedRows], Packed* out) { pack_q5_0_block(rows, out); }
+  static void unpack(const Packed* in, int r, Plain* out) { unpack_q5_0_block(in, r, out); }
 };
 struct PackedQ6K {
   using Plain = block_q6_k;
@@ -173,6 +210,7 @@ constexpr PackedTypeInfo packed_type_entry(const char* name, int plain) {
 }
 constexpr PackedTypeInfo kPackedTypes[] = {packed_type_entry<PackedQ4K>("Q4_K_R8", GGML_EXT_TYPE_Q4_K),
                                            packed_type_entry<PackedQ6K>("Q6_K_R8", GGML_EXT_TYPE_Q6_K),
+                                           packed_type_entry<PackedQ50>("Q5_0_R8", GGML_EXT_TYPE_Q5_0),
                                            packed_type_entry<PackedQ80>("Q8_0_R8", GGML_EXT_TYPE_Q8_0)};
 
 // The entry of packed type `type`, or of the packed form of plain type `plain`; nullptr if there is none.

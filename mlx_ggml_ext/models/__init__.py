@@ -50,7 +50,7 @@ def _with_softcap(model_class):
 # CPU kernel variants (mlx_ggml_ext.cpu_isa()) and the types whose rows packed by ops.pack_rows have a SIMD kernel
 # there (elsewhere the packed product is portable C++: slower than the plain kernels); `load` packs by default on
 # PACKED_ROWS_ISAS only (AVX2's Q4_K kernel was measured only as the AVX2 variant run on Zen 4).
-PACKED_SIMD_TYPES = {"avx512": (GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0), "avx2": (GGMLType.Q4_K,)}
+PACKED_SIMD_TYPES = {"avx512": (GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q5_0, GGMLType.Q8_0), "avx2": (GGMLType.Q4_K,)}
 PACKED_ROWS_ISAS = ("avx512",)
 
 
