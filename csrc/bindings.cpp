@@ -112,7 +112,7 @@ NB_MODULE(_ext, m) {
         "stream"_a = nb::none(), "precise_x"_a = false,
         "x (..., K) @ W^T for W (N, K) given as ggml blocks (uint8 (N, row_bytes), with ggml_type) or floats.");
   m.def("pack_rows", &pack_rows, "blocks"_a, "ggml_type"_a,
-        "Q4_K, Q6_K or Q8_0 rows (uint8 (N, row_bytes), N % 8 == 0) packed 8 at a time for the CPU product.");
+        "Q4_K, Q6_K, Q5_0 or Q8_0 rows (uint8 (N, row_bytes), N % 8 == 0) packed 8 at a time for the CPU product.");
   m.def("unpack_rows", &unpack_rows, "packed"_a, "ggml_type"_a, "Packed rows back to their blocks.");
   m.def("packed_type", &packed_type, "ggml_type"_a, "The type id of a plain type's packed rows.");
   m.attr("Q4_K_R8") = ggml_ext::cpu::kTypeQ4KR8;

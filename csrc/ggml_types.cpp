@@ -23,13 +23,27 @@ const char* type_name(int type) {
 
 }  // namespace
 
+bool reads_packed_rows(const char* op) {
+  return std::strcmp(op, "quantized_matmul") == 0 || std::strcmp(op, "mul_mat_id") == 0;
+}
+
+bool is_packed_rows(int type) { return ggml_ext::cpu::packed_type_info(type) != nullptr; }
+
+void refuse_packed_rows_on_gpu(int type, const mx::Device& device, const char* op) {
+  if (device != mx::Device::gpu) return;
+  if (const auto* packed = ggml_ext::cpu::packed_type_info(type)) {
+    throw not_implemented_error(cat("[", op, "] ", packed->name, " (rows packed by pack_rows) is a CPU layout with no "
+                                    "GPU kernel; keep the blocks for the GPU (unpack_rows gives them back)."));
+  }
+}
+
 GGMLTypeInfo ggml_type_info(int type, const char* op) {
   if (const auto* packed = ggml_ext::cpu::packed_type_info(type)) {
-    // A packed copy (kernels/cpu/packed_rows.h): only the product reads it; every other op would read its bytes as
+    // A packed copy (kernels/cpu/packed_rows.h): only the products read it; every other op would read its bytes as
     // plain rows.
-    if (std::strcmp(op, kPackedRowsOp) != 0) {
-      throw std::invalid_argument(cat("[", op, "] ", packed->name, " (rows packed for the CPU by pack_rows) is read by ",
-                                      kPackedRowsOp, " only; use unpack_rows to get the blocks back."));
+    if (!reads_packed_rows(op)) {
+      throw std::invalid_argument(cat("[", op, "] ", packed->name, " (rows packed for the CPU by pack_rows) is read by "
+                                      "quantized_matmul and mul_mat_id only; use unpack_rows to get the blocks back."));
     }
     return {type, packed->name, packed->block_size, packed->row_bytes};
   }

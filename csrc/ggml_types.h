@@ -14,8 +14,13 @@ struct GGMLTypeInfo {
   int type_size;     // bytes per block
 };
 
-// The one op that takes a packed copy of rows (pack_rows: Q4_K_R8 etc., CPU only); every other op refuses it.
-constexpr const char* kPackedRowsOp = "quantized_matmul";
+// The ops that take a packed copy of rows (pack_rows: Q4_K_R8 etc., CPU only): the product and the experts'
+// product, whose CPU kernel runs the product per expert. Every other op refuses it (it would read the bytes as rows).
+bool reads_packed_rows(const char* op);
+// Whether `type` is a packed layout (Q4_K_R8 etc.); on a GPU device, a NotImplementedError for one (no GPU kernel
+// reads it).
+bool is_packed_rows(int type);
+void refuse_packed_rows_on_gpu(int type, const mx::Device& device, const char* op);
 
 // The type's layout, or a ValueError naming the op and the unknown id (or a packed type the op cannot read).
 GGMLTypeInfo ggml_type_info(int type, const char* op);

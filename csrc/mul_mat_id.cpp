@@ -2,6 +2,7 @@
 
 #include "csrc/ggml_types.h"
 #include "csrc/quantized_matmul.h"
+#include "kernels/cpu/packed_rows.h"
 #include "kernels/cpu/mul_mat_id.h"
 
 namespace mlx_ggml_ext {
@@ -12,6 +13,7 @@ constexpr const char* kShapelessHint = " (a function compiled with shapeless=Tru
 
 mx::array product_node(const mx::array& x, const mx::array& w, const mx::array& ids, int type, bool transpose,
                        const mx::Stream& s) {
+  refuse_packed_rows_on_gpu(type, s.device, kOp);
   auto prim = std::make_shared<MulMatId>(s, type, transpose);
   std::vector<mx::array> inputs = {kernel_input(x, s), row_contiguous(w, s), kernel_input(ids, s)};
   auto shape = prim->output_shapes(inputs)[0];
@@ -102,6 +104,11 @@ std::vector<mx::Shape> MulMatId::output_shapes(const std::vector<mx::array>& inp
                                     shape_str(w.shape()), " and ids ", shape_str(ids.shape()),
                                     " do not make a product: x (T, n_used or 1, K), experts (E, N, bytes per row), "
                                     "ids (T, n_used)", kShapelessHint, "."));
+  }
+  if (is_packed_rows(type_) && w.shape(1) % ggml_ext::cpu::kPackedRows != 0) {
+    throw std::invalid_argument(cat("[", kOp, "] ", info.name, " experts ", shape_str(w.shape()), " must have a multiple "
+                                    "of ", ggml_ext::cpu::kPackedRows, " rows (they hold groups of 8 interleaved rows)",
+                                    kShapelessHint, "."));
   }
   const int64_t K = w.shape(2) / info.type_size * info.block_size;
   const int64_t x_cols = transpose_ ? w.shape(1) : K;

@@ -17,8 +17,6 @@ namespace {
 constexpr const char* kOp = "quantized_matmul";
 constexpr const char* kMulMat = "mul_mat";
 
-bool is_packed_rows(int type) { return ggml_ext::cpu::packed_type_info(type) != nullptr; }
-
 // Elements per weight row held by `row_bytes` bytes of blocks.
 int64_t row_elements(int type, int64_t row_bytes) {
   const auto info = ggml_type_info(type, kOp);
@@ -117,11 +115,7 @@ mx::array product_node(const mx::array& x, const mx::array& w, int type, bool tr
     };
     return mx::custom_vjp(forward, backward)({x})[0];
   }
-  if (is_packed_rows(type) && stream.device == mx::Device::gpu) {
-    throw not_implemented_error(cat("[", kOp, "] ", ggml_type_info(type, kOp).name, " (rows packed by pack_rows) is a "
-                                    "CPU layout with no GPU kernel; keep the blocks for the GPU (unpack_rows gives "
-                                    "them back)."));
-  }
+  refuse_packed_rows_on_gpu(type, stream.device, kOp);
   auto prim = std::make_shared<QuantizedMatmul>(stream, type, transpose, out_dtype, precise_x && !transpose);
   std::vector<mx::array> inputs = {kernel_input(x, stream), row_contiguous(w, stream)};
   auto shape = prim->output_shapes(inputs)[0];

@@ -57,9 +57,9 @@ class GGMLLinear(nn.Module):
         return self.kernel_type != int(self.ggml_type)
 
     def pack_rows(self) -> bool:
-        """Replaces a Q4_K, Q6_K or Q8_0 weight with its rows packed for the CPU's products
+        """Replaces a Q4_K, Q6_K, Q5_0 or Q8_0 weight with its rows packed for the CPU's products
         (:func:`mlx_ggml_ext.ops.pack_rows`: a copy, 1.3-2x faster on AVX-512; the GPU refuses it).
-        Returns whether it did: only Q4_K, Q6_K and Q8_0 weights with a multiple of 8 rows are packed."""
+        Returns whether it did: only Q4_K, Q6_K, Q5_0 and Q8_0 weights with a multiple of 8 rows are packed."""
         if self.packed or not packable(self.ggml_type, self.output_dims):
             return False
         self.weight = _ext.pack_rows(self["weight"], int(self.ggml_type))
@@ -138,7 +138,7 @@ class GGMLEmbedding(nn.Module):
         return "head_weight" in self
 
     def pack_rows(self) -> bool:
-        """Gives :meth:`as_linear` a copy of a Q4_K, Q6_K or Q8_0 table with its rows packed for the CPU's products
+        """Gives :meth:`as_linear` a copy of a Q4_K, Q6_K, Q5_0 or Q8_0 table with its rows packed for the CPU's products
         (:func:`mlx_ggml_ext.ops.pack_rows`); lookups keep reading the blocks. Worth it for a tied output head, the
         largest product of a small model. Returns whether it did (Q4_K / Q6_K / Q8_0 with a multiple of 8 rows)."""
         if self.packed or not packable(self.ggml_type, self.num_embeddings):
@@ -179,6 +179,7 @@ class GGMLSwitchLinear(nn.Module):
             raise ValueError(f"weight must be 3-D (num_experts, output_dims, input_dims), got shape {weight.shape}")
         self.num_experts, self.output_dims, self.input_dims = weight.shape
         self.ggml_type = weight.ggml_type
+        self.kernel_type = int(weight.ggml_type)  # as in GGMLLinear: the type, or its packed id
         if not isinstance(check_ids, bool):
             raise TypeError(f"check_ids must be a bool, got {type(check_ids).__name__}")
         self.check_ids = check_ids
@@ -196,20 +197,37 @@ class GGMLSwitchLinear(nn.Module):
         return self
 
     @property
+    def packed(self) -> bool:
+        """Whether the experts are held as rows packed for the CPU (:meth:`pack_rows`)."""
+        return self.kernel_type != int(self.ggml_type)
+
+    def pack_rows(self) -> bool:
+        """As :meth:`GGMLLinear.pack_rows`, for every expert: a copy of the experts' rows packed 8 at a time for the
+        CPU's products (each expert's N rows in groups of 8; the GPU refuses it). Returns whether it did."""
+        if self.packed or not packable(self.ggml_type, self.output_dims):
+            return False
+        self.weight = _ext.pack_rows(self["weight"], int(self.ggml_type))  # (E N, bytes): groups never span experts
+        self.kernel_type = _ext.packed_type(int(self.ggml_type))
+        return True
+
+    @property
     def tensor(self) -> GGMLTensor:
-        return GGMLTensor(self.weight, self.ggml_type, (self.num_experts, self.output_dims, self.input_dims))
+        """The experts as ggml blocks (packed ones unpacked: a copy)."""
+        data = _ext.unpack_rows(self["weight"], self.kernel_type) if self.packed else self["weight"]
+        return GGMLTensor(data, self.ggml_type, (self.num_experts, self.output_dims, self.input_dims))
 
     def _extra_repr(self) -> str:
         return (f"num_experts={self.num_experts}, input_dims={self.input_dims}, output_dims={self.output_dims}, "
-                f"ggml_type={GGMLType(self.ggml_type).name}, bias={'bias' in self}")
+                f"ggml_type={GGMLType(self.ggml_type).name}, bias={'bias' in self}"
+                + (", packed_rows=True" if self.packed else ""))
 
     def product(self, x: mx.array, ids: mx.array) -> mx.array:
         """x (T, 1 or n_used, K), ids (T, n_used) -> (T, n_used, N): the expert products, plus the bias."""
         if self.check_ids:
             evaluate_ids_on_gpu(ids)
         # Dict items, not attributes, as in GGMLLinear.__call__: called for every expert projection of a token.
-        y = _ext.mul_mat_id(self["weight"], self.ggml_type.value, [self.num_experts, self.output_dims,
-                                                                   self.input_dims], x, ids)
+        y = _ext.mul_mat_id(self["weight"], self.kernel_type, [self.num_experts, self.output_dims, self.input_dims],
+                            x, ids)
         bias = self.get("bias")
         return y if bias is None else y + bias[ids]
 

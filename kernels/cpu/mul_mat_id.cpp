@@ -12,6 +12,7 @@
 
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/packed_rows.h"
 #include "kernels/cpu/parallel.h"
 
 namespace ggml_ext::cpu {
@@ -55,7 +56,9 @@ void mul_mat_id(const MulMatIdArgs& a) {
   // thread busy (at least two per thread in all), not two per thread for every expert (8 experts at one token
   // on 2 threads: 8 slices instead of 32, the MoE decode in docs/moe.md ~1.1x faster).
   const int64_t per_expert = (2 * num_threads() + singles - 1) / singles;
-  const int64_t slice_rows = std::max<int64_t>(16, (a.N + per_expert - 1) / per_expert);
+  int64_t slice_rows = std::max<int64_t>(16, (a.N + per_expert - 1) / per_expert);
+  // Packed experts (kernels/cpu/packed_rows.h) are sliced at whole groups of 8 rows.
+  if (packed_type_info(a.w_type) != nullptr) slice_rows = (slice_rows + kPackedRows - 1) / kPackedRows * kPackedRows;
   for (int64_t e = 0; e < a.E && !a.transpose; ++e) {
     if (first[e + 1] - first[e] != 1) continue;
     for (int64_t n0 = 0; n0 < a.N; n0 += slice_rows) slices.emplace_back(e, n0);

@@ -67,13 +67,14 @@ def packs_rows_by_default() -> bool:
 
 
 def pack_linear_rows(model: nn.Module, tied_head: bool = False) -> int:
-    """Packs the rows of every GGMLLinear whose type has a SIMD kernel for packed rows on this CPU
-    (PACKED_SIMD_TYPES; GGMLLinear.pack_rows), and with `tied_head` a copy of the token table for the head
-    (GGMLEmbedding.pack_rows); returns how many matrices it packed."""
+    """Packs the rows of every GGMLLinear and GGMLSwitchLinear (experts) whose type has a SIMD kernel for packed rows
+    on this CPU (PACKED_SIMD_TYPES; GGMLLinear.pack_rows), and with `tied_head` a copy of the token table for the
+    head (GGMLEmbedding.pack_rows); returns how many matrices (expert sets) it packed."""
     from .. import cpu_isa
-    from ..nn import GGMLEmbedding, GGMLLinear
+    from ..nn import GGMLEmbedding, GGMLLinear, GGMLSwitchLinear
     types = PACKED_SIMD_TYPES.get(cpu_isa(), ())
-    modules = [m for m in model.modules() if isinstance(m, GGMLLinear) or (tied_head and isinstance(m, GGMLEmbedding))]
+    modules = [m for m in model.modules()
+               if isinstance(m, (GGMLLinear, GGMLSwitchLinear)) or (tied_head and isinstance(m, GGMLEmbedding))]
     return sum(module.pack_rows() for module in modules if module.ggml_type in types)
 
 
@@ -85,7 +86,7 @@ def build_model(gguf_file: _gguf.GGUFFile, progress: Progress = None, fused_ops:
     and with `stack_projections` too, a layer's q/k/v and gate/up of one block type are one product each
     (models/projections.py: fewer products per token, their weights copied once at load).
     With `precise_head`, the output head (tied or not) takes x with its rounding residual (`precise_x`).
-    With `pack_rows` (default: packs_rows_by_default()), the Q4_K, Q6_K and Q8_0 matrices (those with a SIMD kernel
+    With `pack_rows` (default: packs_rows_by_default()), the Q4_K, Q6_K, Q5_0 and Q8_0 matrices (those with a SIMD kernel
     for packed rows on this CPU: PACKED_SIMD_TYPES) are copied into rows packed for the CPU (ops.pack_rows: 1.3-2x
     faster products on AVX-512; such a model runs on the CPU only), a tied head's table too (a second copy: lookups
     keep the file's blocks)."""
