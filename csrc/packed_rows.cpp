@@ -1,10 +1,12 @@
 #include "csrc/packed_rows.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "csrc/ggml_types.h"
 #include "kernels/common/ggml_blocks.h"
 #include "kernels/cpu/packed_rows.h"
+#include "kernels/cpu/parallel.h"
 
 namespace mlx_ggml_ext {
 namespace {
@@ -26,11 +28,20 @@ mx::array checked_rows(const mx::array& a, const char* op, const char* what, int
   return rows;
 }
 
+// Groups of 8 rows convert independently: over the kernels' thread pool (a model's matrices are packed at load,
+// gigabytes for a mixture of experts).
 mx::array converted(const mx::array& rows, int64_t out_row_bytes,
                     void (*convert)(const uint8_t*, int64_t, int64_t, uint8_t*), int64_t blocks) {
-  const int64_t N = rows.shape(0);
+  const int64_t N = rows.shape(0), in_row_bytes = rows.shape(1);
   mx::array out(mx::allocator::malloc(N * out_row_bytes), {rows.shape(0), static_cast<int>(out_row_bytes)}, mx::uint8);
-  if (N > 0) convert(rows.data<uint8_t>(), N, blocks, out.data<uint8_t>());
+  const uint8_t* in = rows.data<uint8_t>();
+  uint8_t* dst = out.data<uint8_t>();
+  const int64_t group_bytes = std::max<int64_t>(1, cpu::kPackedRows * in_row_bytes);
+  cpu::parallel_for(N / cpu::kPackedRows, std::max<int64_t>(1, (int64_t(1) << 20) / group_bytes),
+                    [&](int64_t g0, int64_t g1) {
+                      const int64_t r0 = g0 * cpu::kPackedRows;
+                      convert(in + r0 * in_row_bytes, (g1 - g0) * cpu::kPackedRows, blocks, dst + r0 * out_row_bytes);
+                    });
   return out;
 }
 
