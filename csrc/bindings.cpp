@@ -112,13 +112,17 @@ NB_MODULE(_ext, m) {
         "stream"_a = nb::none(), "precise_x"_a = false,
         "x (..., K) @ W^T for W (N, K) given as ggml blocks (uint8 (N, row_bytes), with ggml_type) or floats.");
   m.def("pack_rows", &pack_rows, "blocks"_a, "ggml_type"_a,
-        "Q4_K, Q6_K, Q5_0 or Q8_0 rows (uint8 (N, row_bytes), N % 8 == 0) packed 8 at a time for the CPU product.");
+        "Rows of a packable type (uint8 (N, row_bytes), N % 8 == 0; PACKED_TYPES) packed 8 at a time for the CPU "
+        "product.");
   m.def("unpack_rows", &unpack_rows, "packed"_a, "ggml_type"_a, "Packed rows back to their blocks.");
   m.def("packed_type", &packed_type, "ggml_type"_a, "The type id of a plain type's packed rows.");
-  m.attr("Q4_K_R8") = ggml_ext::cpu::kTypeQ4KR8;
-  m.attr("Q6_K_R8") = ggml_ext::cpu::kTypeQ6KR8;
-  m.attr("Q5_0_R8") = ggml_ext::cpu::kTypeQ50R8;
-  m.attr("Q8_0_R8") = ggml_ext::cpu::kTypeQ80R8;
+  // The packed types (kernels/cpu/packed_rows.h): "Q4_K_R8" etc. -> (packed id, plain id); each id an attribute too.
+  nb::dict packed_types;
+  for (const auto& t : ggml_ext::cpu::kPackedTypes) {
+    packed_types[t.name] = nb::make_tuple(t.type, t.plain);
+    m.attr(t.name) = t.type;
+  }
+  m.attr("PACKED_TYPES") = packed_types;
   m.def("mul_mat",
         [](const mx::array& a, int type, const std::vector<int>& a_shape, const mx::array& b, mx::StreamOrDevice s) {
           return mul_mat(a, type, mx::Shape(a_shape.begin(), a_shape.end()), b, s);

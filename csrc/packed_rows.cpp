@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <iterator>
+#include <optional>
+#include <string>
 
 #include "csrc/ggml_types.h"
 #include "kernels/common/ggml_blocks.h"
@@ -50,6 +53,18 @@ const char* type_name(int type, const char* op) {
   return packed ? packed->name : ggml_type_info(type, op).name;
 }
 
+// "Q4_K, Q6_K, ... and Q8_0" (the plain types that have a packing), or the packed names.
+std::string type_list(bool packed) {
+  std::string list;
+  const int n = static_cast<int>(std::size(cpu::kPackedTypes));
+  for (int i = 0; i < n; ++i) {
+    const auto& t = cpu::kPackedTypes[i];
+    list += i == 0 ? "" : i + 1 == n ? " and " : ", ";
+    list += packed ? t.name : ggml_type_info(t.plain, "pack_rows").name;
+  }
+  return list;
+}
+
 template <class P>
 mx::array convert(const mx::array& a, bool pack, const char* op) {
   const int64_t in_bytes = pack ? sizeof(typename P::Plain) : sizeof(typename P::Packed) / cpu::kPackedRows;
@@ -63,35 +78,27 @@ mx::array convert(const mx::array& a, bool pack, const char* op) {
 
 mx::array pack_rows(const mx::array& blocks, int ggml_type) {
   constexpr const char* kOp = "pack_rows";
-  switch (ggml_type) {
-    case GGML_EXT_TYPE_Q4_K: return convert<cpu::PackedQ4K>(blocks, true, kOp);
-    case GGML_EXT_TYPE_Q6_K: return convert<cpu::PackedQ6K>(blocks, true, kOp);
-    case GGML_EXT_TYPE_Q5_0: return convert<cpu::PackedQ50>(blocks, true, kOp);
-    case GGML_EXT_TYPE_Q8_0: return convert<cpu::PackedQ80>(blocks, true, kOp);
-    default: break;
-  }
-  throw std::invalid_argument(cat("[", kOp, "] packs Q4_K, Q6_K, Q5_0 and Q8_0 rows only, got ggml type ",
+  std::optional<mx::array> out;
+  cpu::PackedFormats::visit(ggml_type, /*plain=*/true, [&](auto p) { out = convert<decltype(p)>(blocks, true, kOp); });
+  if (out) return *out;
+  throw std::invalid_argument(cat("[", kOp, "] packs ", type_list(false), " rows only, got ggml type ",
                                   type_name(ggml_type, kOp),
                                   cpu::packed_type_info(ggml_type) ? " (already packed)." : "."));
 }
 
 mx::array unpack_rows(const mx::array& packed, int ggml_type) {
   constexpr const char* kOp = "unpack_rows";
-  switch (ggml_type) {
-    case cpu::kTypeQ4KR8: return convert<cpu::PackedQ4K>(packed, false, kOp);
-    case cpu::kTypeQ6KR8: return convert<cpu::PackedQ6K>(packed, false, kOp);
-    case cpu::kTypeQ50R8: return convert<cpu::PackedQ50>(packed, false, kOp);
-    case cpu::kTypeQ80R8: return convert<cpu::PackedQ80>(packed, false, kOp);
-    default: break;
-  }
-  throw std::invalid_argument(cat("[", kOp, "] unpacks Q4_K_R8, Q6_K_R8, Q5_0_R8 and Q8_0_R8 (pack_rows' outputs) only, got "
-                                  "ggml type ", type_name(ggml_type, kOp), "."));
+  std::optional<mx::array> out;
+  cpu::PackedFormats::visit(ggml_type, /*plain=*/false, [&](auto p) { out = convert<decltype(p)>(packed, false, kOp); });
+  if (out) return *out;
+  throw std::invalid_argument(cat("[", kOp, "] unpacks ", type_list(true), " (pack_rows' outputs) only, got ggml type ",
+                                  type_name(ggml_type, kOp), "."));
 }
 
 int packed_type(int ggml_type) {
   const auto* packed = cpu::packing_of(ggml_type);
   if (packed == nullptr) {
-    throw std::invalid_argument(cat("[pack_rows] packs Q4_K, Q6_K, Q5_0 and Q8_0 rows only, got ggml type ",
+    throw std::invalid_argument(cat("[pack_rows] packs ", type_list(false), " rows only, got ggml type ",
                                     type_name(ggml_type, "pack_rows"), "."));
   }
   return packed->type;

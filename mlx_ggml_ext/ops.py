@@ -213,14 +213,11 @@ def quantize(w: mx.array, ggml_type, *, imatrix: mx.array = None, stream: Stream
     return _ext.quantize(w, int(GGMLType.of(ggml_type)), imatrix=imatrix, stream=stream)
 
 
-#: The type ids of Q4_K, Q6_K, Q5_0 and Q8_0 rows packed by :func:`pack_rows` (not ggml types: never in a file).
-Q4_K_R8 = _ext.Q4_K_R8
-Q6_K_R8 = _ext.Q6_K_R8
-Q5_0_R8 = _ext.Q5_0_R8
-Q8_0_R8 = _ext.Q8_0_R8
-_PACKED_NAMES = {"Q4_K_R8": Q4_K_R8, "Q6_K_R8": Q6_K_R8, "Q5_0_R8": Q5_0_R8, "Q8_0_R8": Q8_0_R8}
-#: The types :func:`pack_rows` packs.
-PACKABLE_TYPES = (GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q5_0, GGMLType.Q8_0)
+#: The type ids of rows packed by :func:`pack_rows` (not ggml types: never in a file), by name ("Q4_K_R8"), and the
+#: types :func:`pack_rows` packs.
+_PACKED_NAMES = {name: packed for name, (packed, _) in _ext.PACKED_TYPES.items()}
+PACKABLE_TYPES = tuple(GGMLType(plain) for _, plain in _ext.PACKED_TYPES.values())
+globals().update(_PACKED_NAMES)  # ops.Q4_K_R8, ops.Q4_0_R8, ...: the ids as module constants
 
 
 def _type_id(ggml_type) -> int:
@@ -233,10 +230,11 @@ def _type_id(ggml_type) -> int:
 
 
 def pack_rows(w: Union[GGMLTensor, mx.array], ggml_type=None) -> mx.array:
-    """Q4_K, Q6_K, Q5_0 or Q8_0 rows packed 8 at a time for the CPU's products: pass the result to
-    :func:`quantized_matmul` with ``ggml_type="Q4_K_R8"`` (resp. ``"Q6_K_R8"``, ``"Q5_0_R8"``, ``"Q8_0_R8"``).
+    """Rows of a packable type (:data:`PACKABLE_TYPES`: Q4_K, Q6_K, Q4_0, IQ4_NL, Q5_0, Q8_0) packed 8 at a time
+    for the CPU's products: pass the result to :func:`quantized_matmul` with ``ggml_type="Q4_K_R8"`` (the type's
+    name + ``"_R8"``).
 
-    ``w``: a Q4_K, Q6_K, Q5_0 or Q8_0 :class:`GGMLTensor` of shape ``(N, K)``, or its raw blocks (uint8
+    ``w``: a :class:`GGMLTensor` of such a type of shape ``(N, K)``, or its raw blocks (uint8
     ``(N, bytes_per_row)``) with ``ggml_type``; N must be a multiple of 8. Returns a new uint8 array:
     ``(N, K / 256 * 148)`` for Q4_K (2.8% larger than the blocks), the blocks' own shape for the others. A copy
     made once, e.g. at load; the
@@ -249,13 +247,13 @@ def pack_rows(w: Union[GGMLTensor, mx.array], ggml_type=None) -> mx.array:
         ggml_type, w = w.ggml_type, w.data
     _require_array("w", w)
     if ggml_type is None:
-        raise TypeError("pack_rows needs the blocks' ggml_type (Q4_K, Q6_K, Q5_0 or Q8_0)")
+        raise TypeError("pack_rows needs the blocks' ggml_type (one of PACKABLE_TYPES)")
     return _ext.pack_rows(w, _type_id(ggml_type))
 
 
 def unpack_rows(packed: mx.array, ggml_type="Q4_K_R8") -> mx.array:
     """The blocks (uint8 ``(N, bytes_per_row)``) that :func:`pack_rows` packed into ``packed`` (of ``ggml_type``
-    "Q4_K_R8", "Q6_K_R8", "Q5_0_R8" or "Q8_0_R8"), bit for bit."""
+    "Q4_K_R8" etc.), bit for bit."""
     _require_array("packed", packed)
     return _ext.unpack_rows(packed, _type_id(ggml_type))
 

@@ -1,5 +1,4 @@
-"""Q4_K, Q6_K, Q5_0 and Q8_0 rows packed for the CPU (ops.pack_rows, "Q4_K_R8" / "Q6_K_R8" / "Q5_0_R8" /
-"Q8_0_R8"): lossless, the
+"""Q4_K, Q6_K, Q4_0, IQ4_NL, Q5_0 and Q8_0 rows packed for the CPU (ops.pack_rows, "Q4_K_R8" etc.): lossless, the
 product on it agrees with float64 math on gguf's decoding of the blocks and with the plain kernel on every CPU
 kernel variant, its gradient is the plain one, bad input raises, the GPU refuses it, and models.load's packing
 (the tied head's table included) changes no logit."""
@@ -20,9 +19,15 @@ QUANT_NMSE = 2e-4  # as test_matmul.py: int8 activations per 32 elements
 PLAIN_AGREEMENT = 2e-5
 
 
-PACKED = {"Q4_K": "Q4_K_R8", "Q6_K": "Q6_K_R8", "Q5_0": "Q5_0_R8", "Q8_0": "Q8_0_R8"}
-ROW_BYTES = {"Q4_K": 148, "Q6_K": 210, "Q5_0": 176, "Q8_0": 272}  # per 256 elements, packed
-BLOCK_SIZE = {"Q4_K": 256, "Q6_K": 256, "Q5_0": 32, "Q8_0": 32}
+PACKED = {t: t + "_R8" for t in ("Q4_K", "Q6_K", "Q4_0", "IQ4_NL", "Q5_0", "Q8_0")}
+ROW_BYTES = {"Q4_K": 148, "Q6_K": 210, "Q4_0": 144, "IQ4_NL": 144, "Q5_0": 176, "Q8_0": 272}  # per 256 elements
+BLOCK_SIZE = {"Q4_K": 256, "Q6_K": 256, "Q4_0": 32, "IQ4_NL": 32, "Q5_0": 32, "Q8_0": 32}
+
+
+def test_the_packed_types_are_the_tables():
+    assert set(PACKED) == {t.name for t in ops.PACKABLE_TYPES}
+    assert {name: ops._type_id(name) for name in PACKED.values()} == {
+        name: packed for name, (packed, _) in _ext.PACKED_TYPES.items()}
 
 
 def blocks_of(rng, t, n, k):
@@ -102,6 +107,14 @@ def test_q5_0_layout():
     assert np.array_equal(block[..., 16:48].reshape(g, nb, 4, 8), raw[..., 2:6].transpose(0, 2, 3, 1))
     qs = block[..., 48:].reshape(g, nb, 2, 8, 8)
     assert np.array_equal(qs, raw[..., 6:].reshape(g, 8, nb, 2, 8).transpose(0, 2, 3, 1, 4))
+
+
+@pytest.mark.parametrize("t", ["Q4_0", "IQ4_NL"])
+def test_nibble_layouts(t):
+    """Q4_0 and IQ4_NL: d at d[r], then row r's nibble bytes 8 h .. 8 h + 7 at qs[h][r] (kernels/cpu/packed_rows.h)."""
+    g, nb, raw, block = plain_and_packed_blocks(t, 16, 640, 11)
+    assert np.array_equal(block[..., :16].reshape(g, nb, 8, 2), raw[..., :2].transpose(0, 2, 1, 3))
+    assert np.array_equal(block[..., 16:].reshape(g, nb, 2, 8, 8), raw[..., 2:].reshape(g, 8, nb, 2, 8).transpose(0, 2, 3, 1, 4))
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -211,9 +224,9 @@ def test_the_layer_packs_itself(on_cpu):
     assert rel_max(to_numpy(layer(x)), to_numpy(plain)) <= PLAIN_AGREEMENT
     assert np.array_equal(np.array(layer.tensor.data), np.array(blocks))  # the blocks back, for stacking or LoRA
     assert "weight" not in layer.trainable_parameters()
-    q4_0 = GGMLLinear(GGMLTensor(mx.array(reference.random_blocks(rng, "Q4_0", n, k)), GGMLType.Q4_0, (n, k)))
+    q4_1 = GGMLLinear(GGMLTensor(mx.array(reference.random_blocks(rng, "Q4_1", n, k)), GGMLType.Q4_1, (n, k)))
     odd = GGMLLinear(GGMLTensor(q4k(rng, 12, k)[0], GGMLType.Q4_K, (12, k)))
-    assert not q4_0.pack_rows() and not odd.pack_rows() and not q4_0.packed and not odd.packed
+    assert not q4_1.pack_rows() and not odd.pack_rows() and not q4_1.packed and not odd.packed
 
 
 def test_the_embedding_packs_a_copy_for_the_head(on_cpu):
@@ -234,10 +247,10 @@ def test_the_embedding_packs_a_copy_for_the_head(on_cpu):
 
 
 @pytest.mark.parametrize("call, exc, match", [
-    (lambda b, p: ops.pack_rows(b, "Q4_0"), ValueError, "packs Q4_K, Q6_K, Q5_0 and Q8_0 rows only"),
+    (lambda b, p: ops.pack_rows(b, "Q4_1"), ValueError, "packs Q4_K, Q6_K, Q4_0, IQ4_NL, Q5_0 and Q8_0 rows only"),
     (lambda b, p: ops.pack_rows(b, "Q6_K"), ValueError, "210-byte blocks"),  # Q4_K's bytes, called Q6_K
     (lambda b, p: ops.pack_rows(b, "Q8_0"), ValueError, "34-byte blocks"),
-    (lambda b, p: ops.unpack_rows(p, "Q4_K"), ValueError, "unpacks Q4_K_R8, Q6_K_R8, Q5_0_R8 and Q8_0_R8"),
+    (lambda b, p: ops.unpack_rows(p, "Q4_K"), ValueError, "unpacks Q4_K_R8, Q6_K_R8, Q4_0_R8, IQ4_NL_R8, Q5_0_R8 and Q8_0_R8"),
     (lambda b, p: ops.pack_rows(p, "Q4_K_R8"), ValueError, "already packed"),
     (lambda b, p: ops.pack_rows(b[:12], "Q4_K"), ValueError, "multiple of 8"),
     (lambda b, p: ops.pack_rows(b[:, :100], "Q4_K"), ValueError, "144-byte blocks"),
@@ -275,18 +288,19 @@ def test_gpu_refuses_the_packed_layout(device):
 
 def test_models_load_packs_q4k_matrices_and_changes_no_logit(on_cpu, cpu_isa, tmp_path):
     """models.load(pack_rows=True) packs the types with a SIMD kernel for packed rows on the CPU variant in use
-    (models.PACKED_SIMD_TYPES: Q4_K, Q6_K, Q5_0 and Q8_0 on AVX-512, Q4_K on AVX2, none on the baseline), the tied head's
+    (models.PACKED_SIMD_TYPES: every packable type on AVX-512, Q4_K on AVX2, none on the baseline), the tied head's
     table included; the logits agree with the unpacked model's."""
     from mlx_ggml_ext.nn import GGMLEmbedding
     m = ref.TINY_MODELS["llama3"]  # a tied head
     path = str(tmp_path / "llama.gguf")
     ref.write_model(path, m, matrix_types=[gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q6_K,
-                                           gguf.GGMLQuantizationType.Q5_0, gguf.GGMLQuantizationType.Q8_0])
+                                           gguf.GGMLQuantizationType.Q5_0, gguf.GGMLQuantizationType.Q8_0,
+                                           gguf.GGMLQuantizationType.Q4_0])  # (gguf has no IQ4_NL quantizer)
     packed_model, _ = models.load(path, tokenizer=False, pack_rows=True)
     plain_model, _ = models.load(path, tokenizer=False, pack_rows=False)
     types = set(models.PACKED_SIMD_TYPES.get(cpu_isa, ()))
     layers = [mod for mod in packed_model.modules() if isinstance(mod, GGMLLinear)]
-    assert {layer.ggml_type for layer in layers if layer.packed} == types
+    assert {layer.ggml_type for layer in layers if layer.packed} == types & {layer.ggml_type for layer in layers}
     assert all(layer.packed == (layer.ggml_type in types and layer.output_dims % 8 == 0) for layer in layers)
     tables = [mod for mod in packed_model.modules() if isinstance(mod, GGMLEmbedding)]
     assert len(tables) == 1 and tables[0].ggml_type == GGMLType.Q6_K

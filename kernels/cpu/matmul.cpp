@@ -407,6 +407,8 @@ void quantized_matmul(const MatmulArgs& a) {
     case GGML_EXT_TYPE_BF16: return a.transpose ? transposed_float<BF16>(a) : forward_float<BF16>(a);
     case kTypeQ4KR8: return matmul_packed<PackedQ4K, GGML_EXT_BLOCK_FORMAT(q4_k, GGML_EXT_QK_K)>(a);
     case kTypeQ6KR8: return matmul_packed<PackedQ6K, GGML_EXT_BLOCK_FORMAT(q6_k, GGML_EXT_QK_K)>(a);
+    case kTypeQ40R8: return matmul_packed<PackedQ40, GGML_EXT_BLOCK_FORMAT(q4_0, GGML_EXT_QK32)>(a);
+    case kTypeIQ4NLR8: return matmul_packed<PackedIQ4NL, GGML_EXT_BLOCK_FORMAT(iq4_nl, GGML_EXT_QK32)>(a);
     case kTypeQ50R8: return matmul_packed<PackedQ50, GGML_EXT_BLOCK_FORMAT(q5_0, GGML_EXT_QK32)>(a);
     case kTypeQ80R8: return matmul_packed<PackedQ80, GGML_EXT_BLOCK_FORMAT(q8_0, GGML_EXT_QK32)>(a);
     GGML_EXT_FOR_EACH_LAYOUT_QUANT_TYPE(GGML_EXT_MATMUL_CASE)

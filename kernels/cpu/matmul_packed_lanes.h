@@ -1,4 +1,4 @@
-// What the packed kernels (matmul_packed_q4k.h, _q6k.h, _q80.h) share at the end of a row: their 16-lane
+// What the packed kernels (matmul_packed_q4k.h, _q6k.h, _qk32.h) share at the end of a row: their 16-lane
 // accumulators folded into the 8 weight rows' results.
 #pragma once
 #include <cstdint>

@@ -1,13 +1,13 @@
-// Weight rows interleaved 8 at a time: Q4_K ("Q4_K_R8"), Q6_K ("Q6_K_R8"), Q5_0 ("Q5_0_R8") and Q8_0 ("Q8_0_R8").
-// A CPU-only copy
+// Weight rows interleaved 8 at a time: Q4_K ("Q4_K_R8"), Q6_K ("Q6_K_R8"), Q4_0, IQ4_NL, Q5_0 and Q8_0 ("Q4_0_R8"
+// etc.). A CPU-only copy
 // of a matrix, made once at load, in which one 64-byte vector holds 8 bytes of each of 8 rows. A one-row product
 // then multiplies 8 weight rows by one broadcast of 8 activation bytes, unpacks the scales of 8 rows together and
 // never sums lanes within a row (docs/performance.md has what that gains). GPUs never see it: the primitives
 // refuse it on CUDA and Metal.
 //
-// A packed block covers rows 8g .. 8g + 7 and one block-step of K (256 elements; 32 for Q5_0 and Q8_0): for Q4_K
-// 1,184 bytes where the 8 Q4_K blocks took 1,152 (the 6-bit scales stored as bytes), for Q6_K, Q5_0 and Q8_0 the
-// blocks' own 1,680, 176 and 272. A group's blocks follow each other along K, groups follow each other along N; as an MLX array
+// A packed block covers rows 8g .. 8g + 7 and one block-step of K (256 elements; 32 for the 32-element types): for
+// Q4_K 1,184 bytes where the 8 Q4_K blocks took 1,152 (the 6-bit scales stored as bytes), for the others the
+// blocks' own bytes (Q6_K 1,680, Q4_0 and IQ4_NL 144, Q5_0 176, Q8_0 272). A group's blocks follow each other along K, groups follow each other along N; as an MLX array
 // the bytes are shaped (N, K / 256 * 148) (Q6_K: the plain rows' width, Q8_0 too), so that the shape logic of the
 // plain types (N rows, a byte width per row) holds, although row n's bytes are not row n's.
 // Plain C++ (no ISA namespace): the repacking op in csrc/, the type table of csrc/ggml_types.cpp and the kernels
@@ -133,6 +133,36 @@ inline void unpack_q8_0_block(const block_q8_0_r8* in, int r, block_q8_0* out) {
   for (int u = 0; u < 4; ++u) std::memcpy(out->qs + 8 * u, in->qs[u][r], 8);
 }
 
+// Q4_0 ("Q4_0_R8") and IQ4_NL ("IQ4_NL_R8"), whose blocks are alike (a scale d and 16 bytes of nibbles: element i
+// in the low nibble of qs[i] for i < 16, in the high nibble of qs[i - 16] otherwise; Q4_0's value d (c - 8), IQ4_NL's
+// d times a 16-entry codebook value): 8 rows in 144 bytes, 8 times 18, the nibble bytes in two 64-byte vectors as
+// for Q5_0 below. One struct per plain format, so that the kernels tell them apart by type.
+template <class Plain>
+struct block_nibbles_r8 {
+  uint16_t d[8];
+  uint8_t qs[2][8][8];  // [vector h][row r][byte]: row r's qs[8 h ..+ 8]
+};
+using block_q4_0_r8 = block_nibbles_r8<block_q4_0>;
+using block_iq4_nl_r8 = block_nibbles_r8<block_iq4_nl>;
+static_assert(sizeof(block_q4_0_r8) == 8 * sizeof(block_q4_0), "block_q4_0_r8 size");
+static_assert(sizeof(block_iq4_nl_r8) == 8 * sizeof(block_iq4_nl), "block_iq4_nl_r8 size");
+constexpr int kTypeQ40R8 = 1002;
+constexpr int kTypeIQ4NLR8 = 1020;
+
+template <class Plain>
+inline void pack_nibbles_block(const Plain* const rows[kPackedRows], block_nibbles_r8<Plain>* out) {
+  for (int r = 0; r < kPackedRows; ++r) {
+    out->d[r] = rows[r]->d;
+    for (int h = 0; h < 2; ++h) std::memcpy(out->qs[h][r], rows[r]->qs + 8 * h, 8);
+  }
+}
+
+template <class Plain>
+inline void unpack_nibbles_block(const block_nibbles_r8<Plain>* in, int r, Plain* out) {
+  out->d = in->d[r];
+  for (int h = 0; h < 2; ++h) std::memcpy(out->qs + 8 * h, in->qs[h][r], 8);
+}
+
 // Q5_0 ("Q5_0_R8"): 8 rows' 32-element blocks in 176 bytes, 8 times 22. Q5_0's element i (code 0..31, value
 // d (code - 16)) has its low 4 bits in qs[i] (low nibble, i < 16) or qs[i - 16] (high nibble) and its fifth bit at
 // bit i of qh (little endian). Here the nibble bytes of 8 rows fill two 64-byte vectors, 8 bytes of each row:
@@ -165,6 +195,8 @@ inline void unpack_q5_0_block(const block_q5_0_r8* in, int r, block_q5_0* out) {
 struct PackedQ4K {
   using Plain = block_q4_k;
   using Packed = block_q4_k_r8;
+  static constexpr const char* kName = "Q4_K_R8";
+  static constexpr int kPlain = GGML_EXT_TYPE_Q4_K;
   static constexpr int kType = kTypeQ4KR8;
   static constexpr int kQK = 256;
   static void pack(const Plain* const rows[kPackedRows], Packed* out) { pack_q4_k_block(rows, out); }
@@ -173,14 +205,31 @@ struct PackedQ4K {
 struct PackedQ80 {
   using Plain = block_q8_0;
   using Packed = block_q8_0_r8;
+  static constexpr const char* kName = "Q8_0_R8";
+  static constexpr int kPlain = GGML_EXT_TYPE_Q8_0;
   static constexpr int kType = kTypeQ80R8;
   static constexpr int kQK = 32;
   static void pack(const Plain* const rows[kPackedRows], Packed* out) { pack_q8_0_block(rows, out); }
   static void unpack(const Packed* in, int r, Plain* out) { unpack_q8_0_block(in, r, out); }
 };
+template <class Plain_, int kType_, int kPlain_>
+struct PackedNibbles {
+  using Plain = Plain_;
+  using Packed = block_nibbles_r8<Plain>;
+  static constexpr const char* kName = kPlain_ == GGML_EXT_TYPE_Q4_0 ? "Q4_0_R8" : "IQ4_NL_R8";
+  static constexpr int kPlain = kPlain_;
+  static constexpr int kType = kType_;
+  static constexpr int kQK = 32;
+  static void pack(const Plain* const rows[kPackedRows], Packed* out) { pack_nibbles_block(rows, out); }
+  static void unpack(const Packed* in, int r, Plain* out) { unpack_nibbles_block(in, r, out); }
+};
+using PackedQ40 = PackedNibbles<block_q4_0, kTypeQ40R8, GGML_EXT_TYPE_Q4_0>;
+using PackedIQ4NL = PackedNibbles<block_iq4_nl, kTypeIQ4NLR8, GGML_EXT_TYPE_IQ4_NL>;
 struct PackedQ50 {
   using Plain = block_q5_0;
   using Packed = block_q5_0_r8;
+  static constexpr const char* kName = "Q5_0_R8";
+  static constexpr int kPlain = GGML_EXT_TYPE_Q5_0;
   static constexpr int kType = kTypeQ50R8;
   static constexpr int kQK = 32;
   static void pack(const Plain* const rows[kPackedRows], Packed* out) { pack_q5_0_block(rows, out); }
@@ -189,6 +238,8 @@ struct PackedQ50 {
 struct PackedQ6K {
   using Plain = block_q6_k;
   using Packed = block_q6_k_r8;
+  static constexpr const char* kName = "Q6_K_R8";
+  static constexpr int kPlain = GGML_EXT_TYPE_Q6_K;
   static constexpr int kType = kTypeQ6KR8;
   static constexpr int kQK = 256;
   static void pack(const Plain* const rows[kPackedRows], Packed* out) { pack_q6_k_block(rows, out); }
@@ -205,13 +256,21 @@ struct PackedTypeInfo {
   int row_bytes;
 };
 template <class P>
-constexpr PackedTypeInfo packed_type_entry(const char* name, int plain) {
-  return {P::kType, name, plain, P::kQK, static_cast<int>(sizeof(typename P::Packed) / kPackedRows)};
+constexpr PackedTypeInfo packed_type_entry() {
+  return {P::kType, P::kName, P::kPlain, P::kQK, static_cast<int>(sizeof(typename P::Packed) / kPackedRows)};
 }
-constexpr PackedTypeInfo kPackedTypes[] = {packed_type_entry<PackedQ4K>("Q4_K_R8", GGML_EXT_TYPE_Q4_K),
-                                           packed_type_entry<PackedQ6K>("Q6_K_R8", GGML_EXT_TYPE_Q6_K),
-                                           packed_type_entry<PackedQ50>("Q5_0_R8", GGML_EXT_TYPE_Q5_0),
-                                           packed_type_entry<PackedQ80>("Q8_0_R8", GGML_EXT_TYPE_Q8_0)};
+template <class... P>
+struct PackedFormatList {
+  static constexpr PackedTypeInfo kTable[] = {packed_type_entry<P>()...};
+  // Calls f(traits) for the format of packed type `type` (`plain`: for the packing of plain type `type`); false
+  // when there is none.
+  template <class F>
+  static bool visit(int type, bool plain, F&& f) {
+    return ((type == (plain ? P::kPlain : P::kType) ? (f(P{}), true) : false) || ...);
+  }
+};
+using PackedFormats = PackedFormatList<PackedQ4K, PackedQ6K, PackedQ40, PackedIQ4NL, PackedQ50, PackedQ80>;
+inline constexpr const auto& kPackedTypes = PackedFormats::kTable;
 
 // The entry of packed type `type`, or of the packed form of plain type `plain`; nullptr if there is none.
 inline const PackedTypeInfo* packed_type_info(int type) {

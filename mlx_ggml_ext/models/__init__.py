@@ -50,7 +50,9 @@ def _with_softcap(model_class):
 # CPU kernel variants (mlx_ggml_ext.cpu_isa()) and the types whose rows packed by ops.pack_rows have a SIMD kernel
 # there (elsewhere the packed product is portable C++: slower than the plain kernels); `load` packs by default on
 # PACKED_ROWS_ISAS only (AVX2's Q4_K kernel was measured only as the AVX2 variant run on Zen 4).
-PACKED_SIMD_TYPES = {"avx512": (GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q5_0, GGMLType.Q8_0), "avx2": (GGMLType.Q4_K,)}
+PACKED_SIMD_TYPES = {"avx512": (GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q4_0, GGMLType.IQ4_NL, GGMLType.Q5_0,
+                                GGMLType.Q8_0),
+                     "avx2": (GGMLType.Q4_K,)}
 PACKED_ROWS_ISAS = ("avx512",)
 
 
@@ -86,8 +88,8 @@ def build_model(gguf_file: _gguf.GGUFFile, progress: Progress = None, fused_ops:
     and with `stack_projections` too, a layer's q/k/v and gate/up of one block type are one product each
     (models/projections.py: fewer products per token, their weights copied once at load).
     With `precise_head`, the output head (tied or not) takes x with its rounding residual (`precise_x`).
-    With `pack_rows` (default: packs_rows_by_default()), the Q4_K, Q6_K, Q5_0 and Q8_0 matrices (those with a SIMD kernel
-    for packed rows on this CPU: PACKED_SIMD_TYPES) are copied into rows packed for the CPU (ops.pack_rows: 1.3-2x
+    With `pack_rows` (default: packs_rows_by_default()), the matrices (and expert sets) whose type has a SIMD kernel
+    for packed rows on this CPU (PACKED_SIMD_TYPES) are copied into rows packed for the CPU (ops.pack_rows: 1.3-2x
     faster products on AVX-512; such a model runs on the CPU only), a tied head's table too (a second copy: lookups
     keep the file's blocks)."""
     tensors = gguf_file.tensors
