@@ -13,6 +13,10 @@ no kernel branches on values). On the CPU test-backend-ops runs half the machine
 
     python bench_mul_mat_id_vs_ggml.py --ggml-bin llama.cpp/build/bin/test-backend-ops --backend CUDA0
 
+`--packed` (CPU) adds a third contender in the same rounds: our experts with their rows packed for the CPU
+(GGMLSwitchLinear.pack_rows, what models.load does on AVX-512), for the types that have a packing.
+test-backend-ops' own CPU buffers are not repacked (its plain kernels); llama-bench's model weights are.
+
 test-backend-ops is not a dependency: build llama.cpp with -DLLAMA_BUILD_TESTS=ON (and -DGGML_CUDA=ON for the
 GPU) and build the target test-backend-ops."""
 
@@ -28,6 +32,7 @@ import numpy as np
 
 from common import CACHE_LIMIT, device_name, emit, require_executable
 from mlx_ggml_ext import GGMLTensor, GGMLType, num_threads, ops, set_num_threads
+from mlx_ggml_ext.nn import GGMLSwitchLinear
 
 # Our type names by the spelling of ggml's type names.
 GGML_SPELLING = {"Q4_0": "q4_0", "Q8_0": "q8_0", "Q4_K": "q4_K", "Q6_K": "q6_K", "IQ4_XS": "iq4_xs",
@@ -68,6 +73,19 @@ def our_products(rng, ggml_type: GGMLType, case, tokens: int, count: int):
     return weights, [(x, ids)] * count
 
 
+def packed_us(weights: GGMLTensor, inputs) -> float:
+    """As our_us (lazy, unchecked ids), through a GGMLSwitchLinear whose experts are packed for the CPU."""
+    layer = GGMLSwitchLinear(weights, check_ids=False)
+    layer.pack_rows()
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        lazy = inputs[0][1] + 0
+        mx.eval([layer.product(x, lazy) for x, _ in inputs])
+        times.append((time.perf_counter() - start) / len(inputs))
+    return statistics.median(times) * 1e6
+
+
 def our_us(weights, inputs, eager_ids: bool = False) -> float:
     """Median over 5 evaluations of all the products in one graph, per product. The ids are made inside the graph
     (one `ids + 0` shared by its products) and left unchecked, as a model's router gives them (models.load); with
@@ -96,6 +114,7 @@ def main():
     p.add_argument("--eager-ids", action="store_true",
                    help="ids evaluated beforehand and checked by the op at each call (the runs before 2026-11-28 "
                         "evening); default: made in the graph, unchecked, as in a model")
+    p.add_argument("--packed", action="store_true", help="CPU: also ours with the experts' rows packed")
     p.add_argument("--label", default="", help="what llama.cpp was built from, recorded as given")
     p.add_argument("--threads", type=int, default=None,
                    help="our CPU threads (default on the CPU: test-backend-ops' own, half the machine's CPUs)")
@@ -120,23 +139,30 @@ def main():
     on_cpu = mx.default_device() == mx.cpu
     ours_inputs = {(t, n): our_products(rng, GGMLType[t], case, n, 2 if on_cpu and n >= 64 else args.graph)
                    for t in types for n in tokens}
-    samples = {key: {"ggml": [], "ours": []} for key in ours_inputs}
+    samples = {key: {"ggml": [], "ours": [], "packed": []} for key in ours_inputs}
+    packs = args.packed and on_cpu
     for r in range(args.rounds):
         theirs = {} if args.ours_only else ggml_run(args.ggml_bin, args.backend, types, tokens, case)
         for key, (weights, inputs) in ours_inputs.items():
             samples[key]["ggml"].append(theirs.get(key))
             samples[key]["ours"].append(our_us(weights, inputs, args.eager_ids))
+            if packs and GGMLType[key[0]] in ops.PACKABLE_TYPES:
+                samples[key]["packed"].append(packed_us(weights, inputs))
             emit({"bench": "mul_mat_id_vs_ggml_round", "round": r, "type": key[0], "tokens": key[1],
-                  "ggml_us": samples[key]["ggml"][-1], "ours_us": samples[key]["ours"][-1]})
+                  "ggml_us": samples[key]["ggml"][-1], "ours_us": samples[key]["ours"][-1],
+                  **({"ours_packed_us": samples[key]["packed"][-1]} if samples[key]["packed"] else {})})
     experts, used, m, k = case
     for (t, n), s in samples.items():
         o = statistics.median(s["ours"])
         g = None if args.ours_only else statistics.median(s["ggml"])
+        packed = statistics.median(s["packed"]) if s["packed"] else None
         emit({"bench": "mul_mat_id_vs_ggml", "type": t, "experts": experts, "used": used, "m": m, "k": k,
               "tokens": n, "device": device_name(), "ggml_backend": args.backend, "ggml": args.label,
               "ours_threads": num_threads(), "rounds": args.rounds,
               "ids": "eager, checked" if args.eager_ids else "lazy, unchecked", "ggml_us": g, "ours_us": o,
-              "ggml_over_ours": None if g is None else g / o, "ours_gflops": 2 * n * used * m * k / o / 1e3})
+              "ggml_over_ours": None if g is None else g / o, "ours_gflops": 2 * n * used * m * k / o / 1e3,
+              **({"ours_packed_us": packed, "ggml_over_ours_packed": None if g is None else g / packed}
+                 if packed else {})})
 
 
 if __name__ == "__main__":

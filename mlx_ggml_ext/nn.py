@@ -241,17 +241,39 @@ class GGMLSwitchLinear(nn.Module):
         return y.reshape(*lead, used, 1, self.output_dims)
 
 
+def stack_experts(gate: GGMLSwitchLinear, up: GGMLSwitchLinear) -> Optional[GGMLSwitchLinear]:
+    """One GGMLSwitchLinear whose expert e is gate's expert e over up's (2N rows: a copy), so that a token's gate
+    and up products are one mul_mat_id (one pass of x's quantization and of the experts' dispatch instead of two);
+    None when the two differ in type, shape, bias or packing."""
+    if (gate.ggml_type != up.ggml_type or gate.packed or up.packed or ("bias" in gate) != ("bias" in up)
+            or (gate.num_experts, gate.output_dims, gate.input_dims) != (up.num_experts, up.output_dims, up.input_dims)):
+        return None
+    E, N = gate.num_experts, gate.output_dims
+    data = mx.concatenate([gate["weight"].reshape(E, N, -1), up["weight"].reshape(E, N, -1)], axis=1)
+    bias = mx.concatenate([gate["bias"], up["bias"]], axis=1) if "bias" in gate else None
+    mx.eval(data, *([bias] if bias is not None else []))  # once, at load
+    return GGMLSwitchLinear(GGMLTensor(data.reshape(2 * E * N, -1), gate.ggml_type, (E, 2 * N, gate.input_dims)),
+                            bias, check_ids=gate.check_ids and up.check_ids)
+
+
 class GGMLSwitchGLU(nn.Module):
     """mlx-lm's ``SwitchGLU`` (``down(act(gate(x)) * up(x))`` through each token's experts) over three
     :class:`GGMLSwitchLinear`: ``__call__(x (..., K), indices (..., n_used)) -> (..., n_used, K)``. No sort of the
     tokens (mul_mat_id groups them by expert itself), and the activation is ``ops.glu`` of ``kind`` (with
     ``alpha`` and ``limit`` for ``"swiglu_oai"``, gpt-oss's clamped SwiGLU), applied after the projections'
-    biases."""
+    biases. With ``stack``, gate and up become one ``gate_up_proj`` of 2N rows per expert where they can
+    (:func:`stack_experts`; a copy made here): one expert product for both."""
 
     def __init__(self, gate_proj: GGMLSwitchLinear, up_proj: GGMLSwitchLinear, down_proj: GGMLSwitchLinear,
-                 kind: str = "swiglu", *, alpha: Optional[float] = None, limit: Optional[float] = None):
+                 kind: str = "swiglu", *, alpha: Optional[float] = None, limit: Optional[float] = None,
+                 stack: bool = False):
         super().__init__()
-        self.gate_proj, self.up_proj, self.down_proj = gate_proj, up_proj, down_proj
+        stacked = stack_experts(gate_proj, up_proj) if stack else None
+        if stacked is None:
+            self.gate_proj, self.up_proj = gate_proj, up_proj
+        else:
+            self.gate_up_proj = stacked
+        self.down_proj = down_proj
         self.kind = kind
         # swiglu_oai's constants (None for the other kinds; plain floats, not module parameters)
         self._alpha = None if alpha is None else float(alpha)
@@ -261,8 +283,11 @@ class GGMLSwitchGLU(nn.Module):
         lead, used = tuple(indices.shape[:-1]), indices.shape[-1]
         rows = x.reshape(-1, 1, x.shape[-1])
         ids = mx.stop_gradient(indices).reshape(-1, used)
-        gate, up = self.gate_proj.product(rows, ids), self.up_proj.product(rows, ids)
-        h = _ext.glu(gate, up, self.kind, alpha=self._alpha, limit=self._limit)
+        if "gate_up_proj" in self:  # ggml's fused layout: the gate half, then the up half
+            h = _ext.glu(self["gate_up_proj"].product(rows, ids), None, self.kind, alpha=self._alpha, limit=self._limit)
+        else:
+            gate, up = self.gate_proj.product(rows, ids), self.up_proj.product(rows, ids)
+            h = _ext.glu(gate, up, self.kind, alpha=self._alpha, limit=self._limit)
         return self.down_proj.product(h, ids).reshape(*lead, used, self.down_proj.output_dims)
 
 

@@ -248,7 +248,7 @@ def test_gpt_oss_logits_through_the_kernels(tiny):
     path, W = tiny
     model, _ = models.load(path, tokenizer=False)
     layer = model.layers[0]
-    assert isinstance(layer.mlp.experts.gate_proj, gnn.GGMLSwitchLinear)
+    assert isinstance(layer.mlp.experts.gate_up_proj, gnn.GGMLSwitchLinear)  # gate and up experts stacked
     assert isinstance(layer.mlp.experts, gnn.GGMLSwitchGLU) and layer.mlp.experts.kind == "swiglu_oai"  # ops.glu
     assert layer.mlp.experts.down_proj.ggml_type == gguf.GGMLQuantizationType.MXFP4
     np.testing.assert_array_equal(np.array(layer.self_attn.sinks), W["blk.0.attn_sinks.weight"].astype(np.float32))

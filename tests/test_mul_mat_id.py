@@ -290,3 +290,28 @@ def test_switch_linear_is_a_drop_in_for_mlx_lms_switch_glu():
                 proj.check_ids = True
     with pytest.raises(TypeError, match="check_ids must be a bool"):
         GGMLSwitchLinear(w, check_ids="no")
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_switch_glu_stacks_gate_and_up_experts(bias):
+    """GGMLSwitchGLU(stack=True): gate's and up's experts of one type as one set of 2N rows per expert (one
+    mul_mat_id, ggml's fused layout for ops.glu): the same numbers as the two products (each row's dot is the
+    same); experts of two types stay apart."""
+    from mlx_ggml_ext.nn import GGMLSwitchGLU, GGMLSwitchLinear
+    rng = np.random.default_rng(17)
+    E, dims, hidden, used = 5, 256, 64, 2
+
+    def layer(t, n, k):
+        b = mx.array(rng.standard_normal((E, n)).astype(np.float32)) if bias else None
+        return GGMLSwitchLinear(experts(rng, t, E, n, k)[0], b)
+
+    gate, up, down = layer(GGMLType.Q4_K, hidden, dims), layer(GGMLType.Q4_K, hidden, dims), layer(GGMLType.Q8_0, dims, hidden)
+    plain, stacked = GGMLSwitchGLU(gate, up, down), GGMLSwitchGLU(gate, up, down, stack=True)
+    assert "gate_up_proj" in stacked and "gate_proj" not in stacked and "gate_up_proj" not in plain
+    assert stacked.gate_up_proj.output_dims == 2 * hidden
+    for T in (1, 9):
+        x = mx.array(rng.standard_normal((T, dims)).astype(np.float32))
+        ids = mx.array(np.stack([rng.permutation(E)[:used] for _ in range(T)]).astype(np.int32))
+        np.testing.assert_array_equal(to_numpy(stacked(x, ids)), to_numpy(plain(x, ids)))
+    mixed = GGMLSwitchGLU(gate, layer(GGMLType.Q8_0, hidden, dims), down, stack=True)
+    assert "gate_up_proj" not in mixed and "gate_proj" in mixed

@@ -8,7 +8,8 @@ ops.attention's CUDA kernel is not used by the models yet, and it has no Metal k
 
 - The feed-forward: each layer's `mlp` is replaced by a `GatedMLP` holding the same projection layers (gate and up
   stacked into one product where they share a block type: models/projections.py, as are q/k/v); a mixture of
-  experts' `switch_mlp` by a `GGMLSwitchGLU` over its expert layers.
+  experts' `switch_mlp` by a `GGMLSwitchGLU` over its expert layers (gate and up experts stacked the same way,
+  nn.stack_experts: one mul_mat_id for both).
 - gpt-oss's experts become a `GGMLSwitchGLU` of kind "swiglu_oai" (its clamped SwiGLU, with the alpha and limit
   of mlx-lm's SwigluOAI; the experts' biases are added by GGMLSwitchLinear before the activation); its attention
   sinks go to ops.attention's `sinks=` on the CPU.
@@ -86,11 +87,13 @@ def use_fused_ops(model: nn.Module, architecture: str, mlx_lm_module: str, stack
         moe = layer.get("block_sparse_moe") or layer.get("mlp")
         if moe is not None and "switch_mlp" in moe:  # experts: one GGMLSwitchGLU (unsorted tokens, ops.glu)
             s = moe.switch_mlp
-            moe.switch_mlp = GGMLSwitchGLU(s.gate_proj, s.up_proj, s.down_proj, GLU_KIND[architecture])
+            moe.switch_mlp = GGMLSwitchGLU(s.gate_proj, s.up_proj, s.down_proj, GLU_KIND[architecture],
+                                           stack=stack_projections)
         elif architecture == "gpt-oss":  # mlx-lm's SwitchGLU with its SwigluOAI activation
             e = layer.mlp.experts
             layer.mlp.experts = GGMLSwitchGLU(e.gate_proj, e.up_proj, e.down_proj, "swiglu_oai",
-                                              alpha=e.activation._alpha, limit=e.activation._limit)
+                                              alpha=e.activation._alpha, limit=e.activation._limit,
+                                              stack=stack_projections)
         else:
             layer.mlp = GatedMLP(layer.mlp, GLU_KIND[architecture], stack_projections)
         if stack_projections:
