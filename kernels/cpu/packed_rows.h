@@ -21,8 +21,9 @@
 namespace ggml_ext::cpu {
 
 constexpr int kPackedRows = 8;
-// The type id of a packed copy: outside ggml's id range, never written to a file.
-constexpr int kTypeQ4KR8 = 1012;
+// The type id of a plain type's packed copy: 1000 + its id, outside ggml's id range (never written to a file).
+constexpr int packed_id(int plain) { return 1000 + plain; }
+constexpr int kTypeQ4KR8 = packed_id(GGML_EXT_TYPE_Q4_K);
 
 struct block_q4_k_r8 {
   uint16_t d[8];            // row r's super-block scale (f16 bits)
@@ -82,7 +83,7 @@ struct block_q6_k_r8 {
   q6_k_r8_unit units[2][4];  // [half n][unit u]
 };
 static_assert(sizeof(block_q6_k_r8) == 8 * sizeof(block_q6_k), "block_q6_k_r8 size");
-constexpr int kTypeQ6KR8 = 1014;
+constexpr int kTypeQ6KR8 = packed_id(GGML_EXT_TYPE_Q6_K);
 
 inline void pack_q6_k_block(const block_q6_k* const rows[kPackedRows], block_q6_k_r8* out) {
   for (int r = 0; r < kPackedRows; ++r) {
@@ -119,7 +120,7 @@ struct block_q8_0_r8 {
   int8_t qs[4][8][8];  // [unit u][row r][byte]: row r's qs[8 u ..+ 8]
 };
 static_assert(sizeof(block_q8_0_r8) == 8 * sizeof(block_q8_0), "block_q8_0_r8 size");
-constexpr int kTypeQ80R8 = 1008;
+constexpr int kTypeQ80R8 = packed_id(GGML_EXT_TYPE_Q8_0);
 
 inline void pack_q8_0_block(const block_q8_0* const rows[kPackedRows], block_q8_0_r8* out) {
   for (int r = 0; r < kPackedRows; ++r) {
@@ -146,8 +147,8 @@ using block_q4_0_r8 = block_nibbles_r8<block_q4_0>;
 using block_iq4_nl_r8 = block_nibbles_r8<block_iq4_nl>;
 static_assert(sizeof(block_q4_0_r8) == 8 * sizeof(block_q4_0), "block_q4_0_r8 size");
 static_assert(sizeof(block_iq4_nl_r8) == 8 * sizeof(block_iq4_nl), "block_iq4_nl_r8 size");
-constexpr int kTypeQ40R8 = 1002;
-constexpr int kTypeIQ4NLR8 = 1020;
+constexpr int kTypeQ40R8 = packed_id(GGML_EXT_TYPE_Q4_0);
+constexpr int kTypeIQ4NLR8 = packed_id(GGML_EXT_TYPE_IQ4_NL);
 
 template <class Plain>
 inline void pack_nibbles_block(const Plain* const rows[kPackedRows], block_nibbles_r8<Plain>* out) {
@@ -175,7 +176,7 @@ struct block_q5_0_r8 {
   uint8_t qs[2][8][8];  // [vector h][row r][byte]: row r's qs[8 h ..+ 8]
 };
 static_assert(sizeof(block_q5_0_r8) == 8 * sizeof(block_q5_0), "block_q5_0_r8 size");
-constexpr int kTypeQ50R8 = 1006;
+constexpr int kTypeQ50R8 = packed_id(GGML_EXT_TYPE_Q5_0);
 
 inline void pack_q5_0_block(const block_q5_0* const rows[kPackedRows], block_q5_0_r8* out) {
   for (int r = 0; r < kPackedRows; ++r) {
@@ -191,60 +192,33 @@ inline void unpack_q5_0_block(const block_q5_0_r8* in, int r, block_q5_0* out) {
   for (int h = 0; h < 2; ++h) std::memcpy(out->qs + 8 * h, in->qs[h][r], 8);
 }
 
-// The packed formats, for code that handles several: the plain block, the packed one and the conversions.
-struct PackedQ4K {
-  using Plain = block_q4_k;
-  using Packed = block_q4_k_r8;
-  static constexpr const char* kName = "Q4_K_R8";
-  static constexpr int kPlain = GGML_EXT_TYPE_Q4_K;
-  static constexpr int kType = kTypeQ4KR8;
-  static constexpr int kQK = 256;
-  static void pack(const Plain* const rows[kPackedRows], Packed* out) { pack_q4_k_block(rows, out); }
-  static void unpack(const Packed* in, int r, Plain* out) { unpack_q4_k_block(in, r, out); }
-};
-struct PackedQ80 {
-  using Plain = block_q8_0;
-  using Packed = block_q8_0_r8;
-  static constexpr const char* kName = "Q8_0_R8";
-  static constexpr int kPlain = GGML_EXT_TYPE_Q8_0;
-  static constexpr int kType = kTypeQ80R8;
-  static constexpr int kQK = 32;
-  static void pack(const Plain* const rows[kPackedRows], Packed* out) { pack_q8_0_block(rows, out); }
-  static void unpack(const Packed* in, int r, Plain* out) { unpack_q8_0_block(in, r, out); }
-};
-template <class Plain_, int kType_, int kPlain_>
-struct PackedNibbles {
+// A packed format, for code that handles several: the plain block, the packed one, the conversions, its name and
+// type id.
+template <class Plain_, class Packed_, int kPlain_, int kQK_, const char* kName_, auto kPack, auto kUnpack>
+struct Packing {
   using Plain = Plain_;
-  using Packed = block_nibbles_r8<Plain>;
-  static constexpr const char* kName = kPlain_ == GGML_EXT_TYPE_Q4_0 ? "Q4_0_R8" : "IQ4_NL_R8";
+  using Packed = Packed_;
+  static constexpr const char* kName = kName_;
   static constexpr int kPlain = kPlain_;
-  static constexpr int kType = kType_;
-  static constexpr int kQK = 32;
-  static void pack(const Plain* const rows[kPackedRows], Packed* out) { pack_nibbles_block(rows, out); }
-  static void unpack(const Packed* in, int r, Plain* out) { unpack_nibbles_block(in, r, out); }
+  static constexpr int kType = packed_id(kPlain_);
+  static constexpr int kQK = kQK_;
+  static void pack(const Plain* const rows[kPackedRows], Packed* out) { kPack(rows, out); }
+  static void unpack(const Packed* in, int r, Plain* out) { kUnpack(in, r, out); }
 };
-using PackedQ40 = PackedNibbles<block_q4_0, kTypeQ40R8, GGML_EXT_TYPE_Q4_0>;
-using PackedIQ4NL = PackedNibbles<block_iq4_nl, kTypeIQ4NLR8, GGML_EXT_TYPE_IQ4_NL>;
-struct PackedQ50 {
-  using Plain = block_q5_0;
-  using Packed = block_q5_0_r8;
-  static constexpr const char* kName = "Q5_0_R8";
-  static constexpr int kPlain = GGML_EXT_TYPE_Q5_0;
-  static constexpr int kType = kTypeQ50R8;
-  static constexpr int kQK = 32;
-  static void pack(const Plain* const rows[kPackedRows], Packed* out) { pack_q5_0_block(rows, out); }
-  static void unpack(const Packed* in, int r, Plain* out) { unpack_q5_0_block(in, r, out); }
-};
-struct PackedQ6K {
-  using Plain = block_q6_k;
-  using Packed = block_q6_k_r8;
-  static constexpr const char* kName = "Q6_K_R8";
-  static constexpr int kPlain = GGML_EXT_TYPE_Q6_K;
-  static constexpr int kType = kTypeQ6KR8;
-  static constexpr int kQK = 256;
-  static void pack(const Plain* const rows[kPackedRows], Packed* out) { pack_q6_k_block(rows, out); }
-  static void unpack(const Packed* in, int r, Plain* out) { unpack_q6_k_block(in, r, out); }
-};
+inline constexpr char kQ4KR8Name[] = "Q4_K_R8", kQ6KR8Name[] = "Q6_K_R8", kQ40R8Name[] = "Q4_0_R8",
+                      kIQ4NLR8Name[] = "IQ4_NL_R8", kQ50R8Name[] = "Q5_0_R8", kQ80R8Name[] = "Q8_0_R8";
+using PackedQ4K = Packing<block_q4_k, block_q4_k_r8, GGML_EXT_TYPE_Q4_K, 256, kQ4KR8Name, pack_q4_k_block,
+                          unpack_q4_k_block>;
+using PackedQ6K = Packing<block_q6_k, block_q6_k_r8, GGML_EXT_TYPE_Q6_K, 256, kQ6KR8Name, pack_q6_k_block,
+                          unpack_q6_k_block>;
+using PackedQ40 = Packing<block_q4_0, block_q4_0_r8, GGML_EXT_TYPE_Q4_0, 32, kQ40R8Name,
+                          pack_nibbles_block<block_q4_0>, unpack_nibbles_block<block_q4_0>>;
+using PackedIQ4NL = Packing<block_iq4_nl, block_iq4_nl_r8, GGML_EXT_TYPE_IQ4_NL, 32, kIQ4NLR8Name,
+                            pack_nibbles_block<block_iq4_nl>, unpack_nibbles_block<block_iq4_nl>>;
+using PackedQ50 = Packing<block_q5_0, block_q5_0_r8, GGML_EXT_TYPE_Q5_0, 32, kQ50R8Name, pack_q5_0_block,
+                          unpack_q5_0_block>;
+using PackedQ80 = Packing<block_q8_0, block_q8_0_r8, GGML_EXT_TYPE_Q8_0, 32, kQ80R8Name, pack_q8_0_block,
+                          unpack_q8_0_block>;
 
 // The packed types, listed once: id, name, the plain type they pack, elements per block and bytes per row of a
 // block (8 rows' share of a packed block).
