@@ -65,6 +65,12 @@ std::string type_list(bool packed) {
   return list;
 }
 
+// The error for a type pack_rows has no packing of.
+std::invalid_argument not_packable(int type, const char* op) {
+  return std::invalid_argument(cat("[", op, "] packs ", type_list(false), " rows only, got ggml type ",
+                                   type_name(type, op), cpu::packed_type_info(type) ? " (already packed)." : "."));
+}
+
 template <class P>
 mx::array convert(const mx::array& a, bool pack, const char* op) {
   const int64_t in_bytes = pack ? sizeof(typename P::Plain) : sizeof(typename P::Packed) / cpu::kPackedRows;
@@ -81,9 +87,7 @@ mx::array pack_rows(const mx::array& blocks, int ggml_type) {
   std::optional<mx::array> out;
   cpu::PackedFormats::visit(ggml_type, /*plain=*/true, [&](auto p) { out = convert<decltype(p)>(blocks, true, kOp); });
   if (out) return *out;
-  throw std::invalid_argument(cat("[", kOp, "] packs ", type_list(false), " rows only, got ggml type ",
-                                  type_name(ggml_type, kOp),
-                                  cpu::packed_type_info(ggml_type) ? " (already packed)." : "."));
+  throw not_packable(ggml_type, kOp);
 }
 
 mx::array unpack_rows(const mx::array& packed, int ggml_type) {
@@ -97,10 +101,7 @@ mx::array unpack_rows(const mx::array& packed, int ggml_type) {
 
 int packed_type(int ggml_type) {
   const auto* packed = cpu::packing_of(ggml_type);
-  if (packed == nullptr) {
-    throw std::invalid_argument(cat("[pack_rows] packs ", type_list(false), " rows only, got ggml type ",
-                                    type_name(ggml_type, "pack_rows"), "."));
-  }
+  if (packed == nullptr) throw not_packable(ggml_type, "pack_rows");
   return packed->type;
 }
 

@@ -26,7 +26,32 @@ def packable(ggml_type: GGMLType, rows: int) -> bool:
     return ggml_type in PACKABLE_TYPES and rows % 8 == 0
 
 
-class GGMLLinear(nn.Module):
+class _PackableRows:
+    """What GGMLLinear and GGMLSwitchLinear share about their weight's layout: ``kernel_type`` is what the products
+    read (the ggml type, or its packed id once :meth:`pack_rows` ran)."""
+
+    @property
+    def packed(self) -> bool:
+        """Whether the weight is held as rows packed for the CPU (:meth:`pack_rows`)."""
+        return self.kernel_type != int(self.ggml_type)
+
+    def pack_rows(self) -> bool:
+        """Replaces the weight (for experts: every expert's, each expert's N rows in groups of 8) with its rows
+        packed for the CPU's products (:func:`mlx_ggml_ext.ops.pack_rows`: a copy, 1.3-3x faster on AVX-512; the GPU
+        refuses it). Returns whether it did: only weights of :data:`ops.PACKABLE_TYPES` with a multiple of 8 rows
+        (per expert) are packed."""
+        if self.packed or not packable(self.ggml_type, self.output_dims):
+            return False
+        self.weight = _ext.pack_rows(self["weight"], int(self.ggml_type))  # (E N, bytes): groups never span experts
+        self.kernel_type = _ext.packed_type(int(self.ggml_type))
+        return True
+
+    def _blocks(self) -> mx.array:
+        """The weight as the file's blocks (a packed one unpacked: a copy)."""
+        return _ext.unpack_rows(self["weight"], self.kernel_type) if self.packed else self["weight"]
+
+
+class GGMLLinear(_PackableRows, nn.Module):
     """``y = x @ W^T + bias`` with W kept as ggml blocks (any :class:`GGMLType`).
 
     The weight's bytes are a frozen parameter (``weight``, uint8 ``(N, bytes_per_row)``), so
@@ -51,21 +76,6 @@ class GGMLLinear(nn.Module):
             self.bias = bias
         self.freeze(keys=["weight"])
 
-    @property
-    def packed(self) -> bool:
-        """Whether the weight is held as rows packed for the CPU (:meth:`pack_rows`)."""
-        return self.kernel_type != int(self.ggml_type)
-
-    def pack_rows(self) -> bool:
-        """Replaces a Q4_K, Q6_K, Q5_0 or Q8_0 weight with its rows packed for the CPU's products
-        (:func:`mlx_ggml_ext.ops.pack_rows`: a copy, 1.3-2x faster on AVX-512; the GPU refuses it).
-        Returns whether it did: only Q4_K, Q6_K, Q5_0 and Q8_0 weights with a multiple of 8 rows are packed."""
-        if self.packed or not packable(self.ggml_type, self.output_dims):
-            return False
-        self.weight = _ext.pack_rows(self["weight"], int(self.ggml_type))
-        self.kernel_type = _ext.packed_type(int(self.ggml_type))
-        return True
-
     def unfreeze(self, *args, **kwargs):
         super().unfreeze(*args, **kwargs)
         self.freeze(recurse=False, keys=["weight"])  # raw blocks have no gradient
@@ -82,8 +92,7 @@ class GGMLLinear(nn.Module):
     @property
     def tensor(self) -> GGMLTensor:
         """The weight as ggml blocks (a packed weight unpacked: a copy)."""
-        data = _ext.unpack_rows(self["weight"], self.kernel_type) if self.packed else self["weight"]
-        return GGMLTensor(data, self.ggml_type, (self.output_dims, self.input_dims))
+        return GGMLTensor(self._blocks(), self.ggml_type, (self.output_dims, self.input_dims))
 
     def _extra_repr(self) -> str:
         return (f"input_dims={self.input_dims}, output_dims={self.output_dims}, "
@@ -138,9 +147,10 @@ class GGMLEmbedding(nn.Module):
         return "head_weight" in self
 
     def pack_rows(self) -> bool:
-        """Gives :meth:`as_linear` a copy of a Q4_K, Q6_K, Q5_0 or Q8_0 table with its rows packed for the CPU's products
+        """Gives :meth:`as_linear` a copy of the table with its rows packed for the CPU's products
         (:func:`mlx_ggml_ext.ops.pack_rows`); lookups keep reading the blocks. Worth it for a tied output head, the
-        largest product of a small model. Returns whether it did (Q4_K / Q6_K / Q8_0 with a multiple of 8 rows)."""
+        largest product of a small model. Returns whether it did (a type of :data:`ops.PACKABLE_TYPES` with a
+        multiple of 8 rows)."""
         if self.packed or not packable(self.ggml_type, self.num_embeddings):
             return False
         self.head_weight = _ext.pack_rows(self["weight"], int(self.ggml_type))
@@ -158,7 +168,7 @@ class GGMLEmbedding(nn.Module):
         return _ext.quantized_matmul(x, self["weight"], self.ggml_type.value, precise_x=precise)
 
 
-class GGMLSwitchLinear(nn.Module):
+class GGMLSwitchLinear(_PackableRows, nn.Module):
     """mlx-lm's ``SwitchLinear`` (a mixture-of-experts projection) over E experts kept as ggml blocks: a drop-in
     for ``mlx_lm.models.switch_layers.SwitchLinear`` inside its ``SwitchGLU`` / ``SwitchMLP``.
 
@@ -197,24 +207,9 @@ class GGMLSwitchLinear(nn.Module):
         return self
 
     @property
-    def packed(self) -> bool:
-        """Whether the experts are held as rows packed for the CPU (:meth:`pack_rows`)."""
-        return self.kernel_type != int(self.ggml_type)
-
-    def pack_rows(self) -> bool:
-        """As :meth:`GGMLLinear.pack_rows`, for every expert: a copy of the experts' rows packed 8 at a time for the
-        CPU's products (each expert's N rows in groups of 8; the GPU refuses it). Returns whether it did."""
-        if self.packed or not packable(self.ggml_type, self.output_dims):
-            return False
-        self.weight = _ext.pack_rows(self["weight"], int(self.ggml_type))  # (E N, bytes): groups never span experts
-        self.kernel_type = _ext.packed_type(int(self.ggml_type))
-        return True
-
-    @property
     def tensor(self) -> GGMLTensor:
         """The experts as ggml blocks (packed ones unpacked: a copy)."""
-        data = _ext.unpack_rows(self["weight"], self.kernel_type) if self.packed else self["weight"]
-        return GGMLTensor(data, self.ggml_type, (self.num_experts, self.output_dims, self.input_dims))
+        return GGMLTensor(self._blocks(), self.ggml_type, (self.num_experts, self.output_dims, self.input_dims))
 
     def _extra_repr(self) -> str:
         return (f"num_experts={self.num_experts}, input_dims={self.input_dims}, output_dims={self.output_dims}, "

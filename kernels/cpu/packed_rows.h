@@ -1,15 +1,15 @@
 // Weight rows interleaved 8 at a time: Q4_K ("Q4_K_R8"), Q6_K ("Q6_K_R8"), Q4_0, IQ4_NL, Q5_0 and Q8_0 ("Q4_0_R8"
-// etc.). A CPU-only copy
-// of a matrix, made once at load, in which one 64-byte vector holds 8 bytes of each of 8 rows. A one-row product
-// then multiplies 8 weight rows by one broadcast of 8 activation bytes, unpacks the scales of 8 rows together and
-// never sums lanes within a row (docs/performance.md has what that gains). GPUs never see it: the primitives
-// refuse it on CUDA and Metal.
+// etc.). A CPU-only copy of a matrix, made once at load, in which one 64-byte vector holds 8 bytes of each of 8 rows.
+// A one-row product then multiplies 8 weight rows by one broadcast of 8 activation bytes, unpacks the scales of 8
+// rows together and never sums lanes within a row (docs/performance.md has what that gains). GPUs never see it: the
+// primitives refuse it on CUDA and Metal.
 //
 // A packed block covers rows 8g .. 8g + 7 and one block-step of K (256 elements; 32 for the 32-element types): for
-// Q4_K 1,184 bytes where the 8 Q4_K blocks took 1,152 (the 6-bit scales stored as bytes), for the others the
-// blocks' own bytes (Q6_K 1,680, Q4_0 and IQ4_NL 144, Q5_0 176, Q8_0 272). A group's blocks follow each other along K, groups follow each other along N; as an MLX array
-// the bytes are shaped (N, K / 256 * 148) (Q6_K: the plain rows' width, Q8_0 too), so that the shape logic of the
-// plain types (N rows, a byte width per row) holds, although row n's bytes are not row n's.
+// Q4_K 1,184 bytes where the 8 Q4_K blocks took 1,152 (the 6-bit scales stored as bytes), for the others the blocks'
+// own bytes (Q6_K 1,680, Q4_0 and IQ4_NL 144, Q5_0 176, Q8_0 272). A group's blocks follow each other along K,
+// groups follow each other along N; as an MLX array the bytes are shaped (N, K / 256 * 148) for Q4_K and like the
+// plain rows for the others, so that the shape logic of the plain types (N rows, a byte width per row) holds,
+// although row n's bytes are not row n's.
 // Plain C++ (no ISA namespace): the repacking op in csrc/, the type table of csrc/ggml_types.cpp and the kernels
 // share it.
 #pragma once
@@ -150,16 +150,17 @@ static_assert(sizeof(block_iq4_nl_r8) == 8 * sizeof(block_iq4_nl), "block_iq4_nl
 constexpr int kTypeQ40R8 = packed_id(GGML_EXT_TYPE_Q4_0);
 constexpr int kTypeIQ4NLR8 = packed_id(GGML_EXT_TYPE_IQ4_NL);
 
-template <class Plain>
-inline void pack_nibbles_block(const Plain* const rows[kPackedRows], block_nibbles_r8<Plain>* out) {
+// The scales and nibble bytes of 8 rows (Q4_0, IQ4_NL; Q5_0's too) into the packed block's d and qs, and back.
+template <class Plain, class Packed>
+inline void pack_nibbles_block(const Plain* const rows[kPackedRows], Packed* out) {
   for (int r = 0; r < kPackedRows; ++r) {
     out->d[r] = rows[r]->d;
     for (int h = 0; h < 2; ++h) std::memcpy(out->qs[h][r], rows[r]->qs + 8 * h, 8);
   }
 }
 
-template <class Plain>
-inline void unpack_nibbles_block(const block_nibbles_r8<Plain>* in, int r, Plain* out) {
+template <class Plain, class Packed>
+inline void unpack_nibbles_block(const Packed* in, int r, Plain* out) {
   out->d = in->d[r];
   for (int h = 0; h < 2; ++h) std::memcpy(out->qs + 8 * h, in->qs[h][r], 8);
 }
@@ -179,17 +180,15 @@ static_assert(sizeof(block_q5_0_r8) == 8 * sizeof(block_q5_0), "block_q5_0_r8 si
 constexpr int kTypeQ50R8 = packed_id(GGML_EXT_TYPE_Q5_0);
 
 inline void pack_q5_0_block(const block_q5_0* const rows[kPackedRows], block_q5_0_r8* out) {
+  pack_nibbles_block(rows, out);
   for (int r = 0; r < kPackedRows; ++r) {
-    out->d[r] = rows[r]->d;
     for (int u = 0; u < 4; ++u) out->qh[u][r] = rows[r]->qh[u];
-    for (int h = 0; h < 2; ++h) std::memcpy(out->qs[h][r], rows[r]->qs + 8 * h, 8);
   }
 }
 
 inline void unpack_q5_0_block(const block_q5_0_r8* in, int r, block_q5_0* out) {
-  out->d = in->d[r];
+  unpack_nibbles_block(in, r, out);
   for (int u = 0; u < 4; ++u) out->qh[u] = in->qh[u][r];
-  for (int h = 0; h < 2; ++h) std::memcpy(out->qs + 8 * h, in->qs[h][r], 8);
 }
 
 // A packed format, for code that handles several: the plain block, the packed one, the conversions, its name and
@@ -212,9 +211,11 @@ using PackedQ4K = Packing<block_q4_k, block_q4_k_r8, GGML_EXT_TYPE_Q4_K, 256, kQ
 using PackedQ6K = Packing<block_q6_k, block_q6_k_r8, GGML_EXT_TYPE_Q6_K, 256, kQ6KR8Name, pack_q6_k_block,
                           unpack_q6_k_block>;
 using PackedQ40 = Packing<block_q4_0, block_q4_0_r8, GGML_EXT_TYPE_Q4_0, 32, kQ40R8Name,
-                          pack_nibbles_block<block_q4_0>, unpack_nibbles_block<block_q4_0>>;
+                          pack_nibbles_block<block_q4_0, block_q4_0_r8>,
+                          unpack_nibbles_block<block_q4_0, block_q4_0_r8>>;
 using PackedIQ4NL = Packing<block_iq4_nl, block_iq4_nl_r8, GGML_EXT_TYPE_IQ4_NL, 32, kIQ4NLR8Name,
-                            pack_nibbles_block<block_iq4_nl>, unpack_nibbles_block<block_iq4_nl>>;
+                            pack_nibbles_block<block_iq4_nl, block_iq4_nl_r8>,
+                            unpack_nibbles_block<block_iq4_nl, block_iq4_nl_r8>>;
 using PackedQ50 = Packing<block_q5_0, block_q5_0_r8, GGML_EXT_TYPE_Q5_0, 32, kQ50R8Name, pack_q5_0_block,
                           unpack_q5_0_block>;
 using PackedQ80 = Packing<block_q8_0, block_q8_0_r8, GGML_EXT_TYPE_Q8_0, 32, kQ80R8Name, pack_q8_0_block,
