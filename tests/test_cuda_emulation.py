@@ -120,7 +120,11 @@ def compiled_kernels(out):
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:  # one g++ per file: the cores in parallel
         objects = list(pool.map(compile_unit, sources))
     lib = out / "kernels.so"
-    subprocess.run([CXX, "-shared", *EMU_FLAGS, *objects, "-o", str(lib)], check=True)
+    # -Bsymbolic: the kernels' calls to the emulated runtime (cudaDeviceGetAttribute, ...) bind to this library's
+    # own definitions. Without it, a process that already holds the real CUDA runtime's symbols globally (a GPU
+    # machine's, once MLX's CUDA backend is loaded) interposes them: the plans then saw the real GPU's shared
+    # memory limit, not the emulated one, and test_decode_shared_x_beyond_the_block_shared_memory failed there.
+    subprocess.run([CXX, "-shared", "-Wl,-Bsymbolic", *EMU_FLAGS, *objects, "-o", str(lib)], check=True)
     kernels = ctypes.CDLL(str(lib))
     kernels.emulated_selftest.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]  # pointers as addresses
     # A call with an argument too few would read garbage for it: ctypes counts them where argtypes are declared.
