@@ -40,11 +40,15 @@ class _PackableRows:
         packed for the CPU's products (:func:`mlx_ggml_ext.ops.pack_rows`: a copy, 1.3-3x faster on AVX-512; the GPU
         refuses it). Returns whether it did: only weights of :data:`ops.PACKABLE_TYPES` with a multiple of 8 rows
         (per expert) are packed."""
-        if self.packed or not packable(self.ggml_type, self.output_dims):
+        if not self.pack_rows_bytes():
             return False
         self.weight = _ext.pack_rows(self["weight"], int(self.ggml_type))  # (E N, bytes): groups never span experts
         self.kernel_type = _ext.packed_type(int(self.ggml_type))
         return True
+
+    def pack_rows_bytes(self) -> int:
+        """Bytes the packed copy of :meth:`pack_rows` would take (0 where it would not pack)."""
+        return 0 if self.packed or not packable(self.ggml_type, self.output_dims) else self["weight"].nbytes
 
     def _blocks(self) -> mx.array:
         """The weight as the file's blocks (a packed one unpacked: a copy)."""
@@ -151,12 +155,16 @@ class GGMLEmbedding(nn.Module):
         (:func:`mlx_ggml_ext.ops.pack_rows`); lookups keep reading the blocks. Worth it for a tied output head, the
         largest product of a small model. Returns whether it did (a type of :data:`ops.PACKABLE_TYPES` with a
         multiple of 8 rows)."""
-        if self.packed or not packable(self.ggml_type, self.num_embeddings):
+        if not self.pack_rows_bytes():
             return False
         self.head_weight = _ext.pack_rows(self["weight"], int(self.ggml_type))
         self.head_type = _ext.packed_type(int(self.ggml_type))
         self.freeze(keys=["head_weight"])
         return True
+
+    def pack_rows_bytes(self) -> int:
+        """Bytes the head's packed copy of :meth:`pack_rows` would take (0 where it would not pack)."""
+        return 0 if self.packed or not packable(self.ggml_type, self.num_embeddings) else self["weight"].nbytes
 
     def as_linear(self, x: mx.array, *, precise_x: Optional[bool] = None) -> mx.array:
         """``x @ table^T`` (a tied output head), on the blocks (``precise_x``: see :class:`GGMLLinear`; by

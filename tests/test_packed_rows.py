@@ -3,6 +3,8 @@ product on it agrees with float64 math on gguf's decoding of the blocks and with
 kernel variant, its gradient is the plain one, bad input raises, the GPU refuses it, and models.load's packing
 (the tied head's table included) changes no logit."""
 
+import os
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -326,3 +328,46 @@ def test_load_default_follows_the_environment(monkeypatch):
     monkeypatch.setenv("MLX_GGML_EXT_PACK_ROWS", "yes")
     with pytest.raises(ValueError, match="MLX_GGML_EXT_PACK_ROWS"):
         models.packs_rows_by_default()
+
+
+def test_load_packs_by_default_only_what_fits_in_memory(on_cpu, cpu_isa, monkeypatch, tmp_path):
+    """Left to itself, load packs only if the packed copies fit in the memory available less the reserve: with a
+    byte too little it keeps the file's blocks and warns, with just enough (or where the memory is unknown) it
+    packs; asked for (pack_rows=True or MLX_GGML_EXT_PACK_ROWS=1), it packs regardless."""
+    path = str(tmp_path / "llama.gguf")
+    ref.write_model(path, ref.TINY_MODELS["llama3"], matrix_types=[gguf.GGMLQuantizationType.Q4_K])
+    monkeypatch.setitem(models.PACKED_SIMD_TYPES, cpu_isa, (GGMLType.Q4_K,))  # any CPU variant (portable: slower)
+    monkeypatch.setattr(models, "packs_rows_by_default", lambda: True)
+    monkeypatch.delenv("MLX_GGML_EXT_PACK_ROWS", raising=False)
+
+    def q4k_layers(model):
+        layers = [m for m in model.modules() if isinstance(m, GGMLLinear) and m.ggml_type == GGMLType.Q4_K]
+        assert layers
+        return layers
+
+    plain, _ = models.load(path, tokenizer=False, pack_rows=False)
+    needed = sum(layer.pack_rows_bytes() for layer in q4k_layers(plain))
+    assert needed == sum(layer.weight.nbytes for layer in q4k_layers(plain) if layer.output_dims % 8 == 0) > 0
+
+    def load_with(memory, **kwargs):
+        monkeypatch.setattr(models, "available_memory", lambda: memory)
+        model, _ = models.load(path, tokenizer=False, **kwargs)
+        return {layer.packed for layer in q4k_layers(model) if layer.output_dims % 8 == 0}
+
+    with pytest.warns(RuntimeWarning, match="rows not packed for the CPU.*pack_rows=True"):
+        assert load_with(models.PACKING_RESERVE_BYTES + needed - 1) == {False}
+    assert load_with(models.PACKING_RESERVE_BYTES + needed) == {True}
+    assert load_with(None) == {True}
+    assert load_with(0, pack_rows=True) == {True}
+    monkeypatch.setenv("MLX_GGML_EXT_PACK_ROWS", "1")
+    assert load_with(0) == {True}
+
+
+def test_available_memory_reads_the_system():
+    memory = models.available_memory()
+    if os.path.exists("/proc/meminfo"):
+        with open("/proc/meminfo") as meminfo:
+            total = next(int(line.split()[1]) * 1024 for line in meminfo if line.startswith("MemTotal:"))
+        assert isinstance(memory, int) and 0 < memory <= total
+    else:
+        assert memory is None or memory > 0

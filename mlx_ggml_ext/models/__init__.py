@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import warnings
 from typing import Callable, Optional, Tuple
 
 import mlx.core as mx
@@ -68,16 +69,48 @@ def packs_rows_by_default() -> bool:
     return mx.default_device() == mx.cpu and cpu_isa() in PACKED_ROWS_ISAS
 
 
-def pack_linear_rows(model: nn.Module, tied_head: bool = False) -> int:
+# Memory left to the rest of the process (KV cache, activations, the file's unpacked tensors) when `load` decides
+# by itself whether the packed copies fit.
+PACKING_RESERVE_BYTES = 1 << 30
+
+
+def available_memory() -> Optional[int]:
+    """Bytes the system can still give this process without swapping: Linux's MemAvailable (free memory and
+    reclaimable page cache, the model file's clean pages included), else the free pages os.sysconf reports, None
+    where neither is known."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def pack_linear_rows(model: nn.Module, tied_head: bool = False, memory_budget: Optional[int] = None) -> int:
     """Packs the rows of every GGMLLinear and GGMLSwitchLinear (experts) whose type has a SIMD kernel for packed rows
     on this CPU (PACKED_SIMD_TYPES; GGMLLinear.pack_rows), and with `tied_head` a copy of the token table for the
-    head (GGMLEmbedding.pack_rows); returns how many matrices (expert sets) it packed."""
+    head (GGMLEmbedding.pack_rows); returns how many matrices (expert sets) it packed. The packed rows are copies
+    in the process's own memory (about the packed matrices' size in the file); with `memory_budget` (bytes), a
+    model whose copies would need more packs nothing and warns (RuntimeWarning) instead."""
     from .. import cpu_isa
     from ..nn import GGMLEmbedding, GGMLLinear, GGMLSwitchLinear
     types = PACKED_SIMD_TYPES.get(cpu_isa(), ())
     modules = [m for m in model.modules()
-               if isinstance(m, (GGMLLinear, GGMLSwitchLinear)) or (tied_head and isinstance(m, GGMLEmbedding))]
-    return sum(module.pack_rows() for module in modules if module.ggml_type in types)
+               if (isinstance(m, (GGMLLinear, GGMLSwitchLinear)) or (tied_head and isinstance(m, GGMLEmbedding)))
+               and m.ggml_type in types]
+    needed = sum(module.pack_rows_bytes() for module in modules)
+    if memory_budget is not None and needed > memory_budget:
+        warnings.warn(f"mlx_ggml_ext.models: rows not packed for the CPU: the packed copies need {needed / 2**30:.1f} "
+                      f"GiB and {max(memory_budget, 0) / 2**30:.1f} GiB can be spared (the products read the file's "
+                      "blocks instead, slower; pack_rows=True or MLX_GGML_EXT_PACK_ROWS=1 packs anyway)",
+                      RuntimeWarning, stacklevel=3)
+        return 0
+    return sum(module.pack_rows() for module in modules)
 
 
 def build_model(gguf_file: _gguf.GGUFFile, progress: Progress = None, fused_ops: bool = True,
@@ -91,7 +124,9 @@ def build_model(gguf_file: _gguf.GGUFFile, progress: Progress = None, fused_ops:
     With `pack_rows` (default: packs_rows_by_default()), the matrices (and expert sets) whose type has a SIMD kernel
     for packed rows on this CPU (PACKED_SIMD_TYPES) are copied into rows packed for the CPU (ops.pack_rows: 1.3-2x
     faster products on AVX-512; such a model runs on the CPU only), a tied head's table too (a second copy: lookups
-    keep the file's blocks)."""
+    keep the file's blocks). The copies take about the packed matrices' size of the process's own memory: by
+    default a model is packed only if they fit in available_memory() less PACKING_RESERVE_BYTES (else a
+    RuntimeWarning, and the products read the file's blocks)."""
     tensors = gguf_file.tensors
     config = model_config(gguf_file.metadata, {name: t.shape for name, t in tensors.items()})
     model_class, args_class = _mlx_lm_classes(config)
@@ -117,7 +152,11 @@ def build_model(gguf_file: _gguf.GGUFFile, progress: Progress = None, fused_ops:
     if fused_ops:
         use_fused_ops(model, config.architecture, config.args["model_type"], stack_projections)
     if packs_rows_by_default() if pack_rows is None else pack_rows:
-        pack_linear_rows(model, config.tied_output)  # after stacking: the stacked products are what gets packed
+        # Asked for (the argument or the environment): packs whatever it costs; by default only copies that fit.
+        asked = pack_rows is True or os.environ.get("MLX_GGML_EXT_PACK_ROWS") == "1"
+        memory = None if asked else available_memory()
+        budget = None if memory is None else memory - PACKING_RESERVE_BYTES
+        pack_linear_rows(model, config.tied_output, budget)  # after stacking: the stacked products get packed
     model.gguf_config = config
     return model
 
@@ -148,4 +187,4 @@ def load(path: "str | os.PathLike", *, tokenizer: bool = True, progress: Progres
     return model, tok
 
 
-__all__ = ["load", "build_model", "pack_linear_rows", "packs_rows_by_default", "SUPPORTED_ARCHITECTURES", "LLAMA_CPP_DEFAULTS", "UnsupportedArchitecture"]
+__all__ = ["load", "build_model", "pack_linear_rows", "available_memory", "packs_rows_by_default", "SUPPORTED_ARCHITECTURES", "LLAMA_CPP_DEFAULTS", "UnsupportedArchitecture"]
