@@ -23,6 +23,19 @@ inline __m256 rows_of_halves(__m512 v) {
 }
 #endif
 
+#if defined(__AVX2__)
+// The AVX2 kernels' two halves of a unit (rows 0-3 and 4-7, each row in a pair of lanes) as the 8 rows' sums in
+// row order: hadd gives [r0 r1 r4 r5 | r2 r3 r6 r7], the permutation puts them in place.
+inline __m256 rows_of_half_pairs(__m256 rows0to3, __m256 rows4to7) {
+  return _mm256_permutevar8x32_ps(_mm256_hadd_ps(rows0to3, rows4to7), _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7));
+}
+// Lanes 2r and 2r + 1 of a half get row 4 h + r's scale: d of the 8 rows spread over half h's pairs of lanes.
+inline __m256 half_pairs(__m256 d, int h) {
+  return _mm256_permutevar8x32_ps(d, h ? _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7)
+                                       : _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
+}
+#endif
+
 // The portable kernels' per-row sums into res[8 m + r].
 template <int MR>
 inline void store_rows(const float (&acc)[MR][kPackedRows], float* res) {

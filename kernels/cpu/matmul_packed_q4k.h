@@ -90,7 +90,6 @@ inline void packed_dot(const block_q4_k_r8* blk, int64_t b0, int64_t b1, const T
   // Bytes 0..7 of an xmm <- the scales of rows 4h .. 4h + 3, each twice (a pair of lanes per row).
   const __m128i pair_bytes[2] = {_mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 0, 0, 0, 0, 0, 0, 0, 0),
                                  _mm_setr_epi8(4, 4, 5, 5, 6, 6, 7, 7, 0, 0, 0, 0, 0, 0, 0, 0)};
-  const __m256i pair_lanes[2] = {_mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3), _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7)};
   __m256 acc[MR][2], acc_offsets[MR];
   for (int m = 0; m < MR; ++m) acc[m][0] = acc[m][1] = acc_offsets[m] = _mm256_setzero_ps();
   for (int64_t b = b0; b < b1; ++b) {
@@ -103,7 +102,7 @@ inline void packed_dot(const block_q4_k_r8* blk, int64_t b0, int64_t b1, const T
     for (int j = 0; j < 4; ++j) {
       const ActRecord* rec = tile.records(4 * b + j);
       for (int h = 0; h < 2; ++h) {
-        const __m256 d_pairs = _mm256_permutevar8x32_ps(d, pair_lanes[h]);
+        const __m256 d_pairs = half_pairs(d, h);
         __m256 sc_d[2];
         for (int i = 0; i < 2; ++i) {
           const __m128i sc = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(B.scale_min[2 * j + i]));
@@ -142,10 +141,7 @@ inline void packed_dot(const block_q4_k_r8* blk, int64_t b0, int64_t b1, const T
     }
   }
   for (int m = 0; m < MR; ++m) {
-    // hadd: [r0 r1 r4 r5 | r2 r3 r6 r7] from the two halves' pairs
-    const __m256 rows = _mm256_permutevar8x32_ps(_mm256_hadd_ps(acc[m][0], acc[m][1]),
-                                                 _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7));
-    _mm256_storeu_ps(res + 8 * m, _mm256_add_ps(rows, acc_offsets[m]));
+    _mm256_storeu_ps(res + 8 * m, _mm256_add_ps(rows_of_half_pairs(acc[m][0], acc[m][1]), acc_offsets[m]));
   }
 }
 #else

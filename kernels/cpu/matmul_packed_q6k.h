@@ -85,8 +85,72 @@ inline void packed_dot(const block_q6_k_r8* blk, int64_t b0, int64_t b1, const T
                                                   rows_of_lane_pairs(acc[m])));
   }
 }
+#elif defined(__AVX2__)
+// AVX2: half a unit at a time (rows 4 h .. 4 h + 3, 32 bytes), the codes as (low & 0x0F) | (high & 0x30) with the
+// qh bits of t shifted to bits 4-5 (16-bit shifts: what crosses from the neighbouring byte is masked off). The two
+// units of a sub-block add in int16 (2 * 2 * 63 * 127 < 32767) before one madd into int32 pairs of lanes.
+inline __m256 q6_sub_block_scales(const block_q6_k_r8& B, int sub, __m256 d) {
+  return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(B.scales[sub])))), d);
+}
+
+template <int MR>
+inline void packed_dot(const block_q6_k_r8* blk, int64_t b0, int64_t b1, const TileView& tile, const ChunkSums& sums,
+                       float* res) {
+  const __m256i low4 = _mm256_set1_epi8(0x0F), bits45 = _mm256_set1_epi8(0x30), ones = _mm256_set1_epi16(1);
+  __m256 acc[MR][2], acc_offsets[MR];
+  for (int m = 0; m < MR; ++m) acc[m][0] = acc[m][1] = acc_offsets[m] = _mm256_setzero_ps();
+  for (int64_t b = b0; b < b1; ++b) {
+    const block_q6_k_r8& B = blk[b];
+    prefetch_ahead<(sizeof(block_q6_k_r8) + 63) / 64>(reinterpret_cast<const uint8_t*>(&B));
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(B.d)));
+    for (int n = 0; n < 2; ++n) {
+      for (int half = 0; half < 2; ++half) {  // units 2 half, 2 half + 1: sub-blocks 8 n + 2 t + half
+        __m256 sc_d[4];  // of the 8 rows, per t
+        for (int t = 0; t < 4; ++t) sc_d[t] = q6_sub_block_scales(B, 8 * n + 2 * t + half, d);
+        for (int h = 0; h < 2; ++h) {
+          __m256i codes[4][2];
+          for (int k = 0; k < 2; ++k) {
+            const q6_k_r8_unit& unit = B.units[n][2 * half + k];
+            const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(unit.ql_a[4 * h]));
+            const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(unit.ql_b[4 * h]));
+            const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(unit.qh[4 * h]));
+            codes[0][k] = _mm256_or_si256(_mm256_and_si256(a, low4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), bits45));
+            codes[1][k] = _mm256_or_si256(_mm256_and_si256(c, low4), _mm256_and_si256(_mm256_slli_epi16(hb, 2), bits45));
+            codes[2][k] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), low4), _mm256_and_si256(hb, bits45));
+            codes[3][k] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), low4),
+                                          _mm256_and_si256(_mm256_srli_epi16(hb, 2), bits45));
+          }
+          for (int t = 0; t < 4; ++t) {
+            const __m256 scale = half_pairs(sc_d[t], h);
+            const ActRecord* rec = tile.records(4 * b + 2 * n + (t >> 1));
+            const int at = 32 * (t & 1) + 16 * half;
+            for (int m = 0; m < MR; ++m) {
+              const int8_t* q = rec[m].q + at;
+              const __m256i pairs = _mm256_add_epi16(
+                  _mm256_maddubs_epi16(codes[t][0], _mm256_set1_epi64x(load_vec<long long>(q))),
+                  _mm256_maddubs_epi16(codes[t][1], _mm256_set1_epi64x(load_vec<long long>(q + 8))));
+              acc[m][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones)),
+                                          _mm256_mul_ps(scale, _mm256_set1_ps(rec[m].d[t & 1])), acc[m][h]);
+            }
+          }
+        }
+      }
+    }
+    // The centre's term per sub-block: d sc of the 8 rows against Q_s (times -32 at the end).
+    for (int sub = 0; sub < 16; ++sub) {
+      const __m256 sc_d = q6_sub_block_scales(B, sub, d);
+      for (int m = 0; m < MR; ++m) {
+        acc_offsets[m] = _mm256_fmadd_ps(sc_d, _mm256_set1_ps(*sums.q_of(m, 16 * b + sub)), acc_offsets[m]);
+      }
+    }
+  }
+  for (int m = 0; m < MR; ++m) {
+    _mm256_storeu_ps(res + 8 * m, _mm256_fmadd_ps(acc_offsets[m], _mm256_set1_ps(-32.0f),
+                                                  rows_of_half_pairs(acc[m][0], acc[m][1])));
+  }
+}
 #else
-// Portable (and the AVX2 variant's, which has no Q6_K_R8 kernel of its own): one element at a time.
+// Portable: one element at a time.
 template <int MR>
 inline void packed_dot(const block_q6_k_r8* blk, int64_t b0, int64_t b1, const TileView& tile, const ChunkSums& sums,
                        float* res) {

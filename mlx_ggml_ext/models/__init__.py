@@ -48,13 +48,15 @@ def _with_softcap(model_class):
     return SoftcappedModel
 
 
-# CPU kernel variants (mlx_ggml_ext.cpu_isa()) and the types whose rows packed by ops.pack_rows have a SIMD kernel
-# there (elsewhere the packed product is portable C++: slower than the plain kernels); `load` packs by default on
-# PACKED_ROWS_ISAS only (AVX2's Q4_K kernel was measured only as the AVX2 variant run on Zen 4).
+# CPU kernel variants (mlx_ggml_ext.cpu_isa()) and the types whose packed rows (ops.pack_rows) have a SIMD kernel
+# there faster than the plain one (elsewhere the packed product is portable C++, slower than the plain kernels; AVX2's
+# Q6_K_R8 kernel is no faster than the plain AVX2 one, 0.85-1.06x, so AVX2 keeps Q6_K's blocks; its Q4_K_R8 kernel
+# is 1.35-1.45x at one row of x, 0.95x at 16-512: decode 1.15x, prefill 0.96-0.97x end to end, kept for decode).
+# `load` packs by default on PACKED_ROWS_ISAS only (the baseline and NEON variants have no packed kernels).
 PACKED_SIMD_TYPES = {"avx512": (GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q4_0, GGMLType.IQ4_NL, GGMLType.Q5_0,
                                 GGMLType.Q8_0),
-                     "avx2": (GGMLType.Q4_K,)}
-PACKED_ROWS_ISAS = ("avx512",)
+                     "avx2": (GGMLType.Q4_K, GGMLType.Q4_0, GGMLType.IQ4_NL, GGMLType.Q5_0, GGMLType.Q8_0)}
+PACKED_ROWS_ISAS = ("avx512", "avx2")
 
 
 def packs_rows_by_default() -> bool:
@@ -123,7 +125,7 @@ def build_model(gguf_file: _gguf.GGUFFile, progress: Progress = None, fused_ops:
     With `precise_head`, the output head (tied or not) takes x with its rounding residual (`precise_x`).
     With `pack_rows` (default: packs_rows_by_default()), the matrices (and expert sets) whose type has a SIMD kernel
     for packed rows on this CPU (PACKED_SIMD_TYPES) are copied into rows packed for the CPU (ops.pack_rows: 1.3-2x
-    faster products on AVX-512; such a model runs on the CPU only), a tied head's table too (a second copy: lookups
+    faster products on AVX-512, 1.1-2.4x on AVX2; such a model runs on the CPU only), a tied head's table too (a second copy: lookups
     keep the file's blocks). The copies take about the packed matrices' size of the process's own memory: by
     default a model is packed only if they fit in available_memory() less PACKING_RESERVE_BYTES (else a
     RuntimeWarning, and the products read the file's blocks)."""
@@ -171,7 +173,7 @@ def load(path: "str | os.PathLike", *, tokenizer: bool = True, progress: Progres
     docs/models.md), at about a third more time for the head at decode. `prefault` (default): every page of the
     file is mapped at load (`GGUFFile.prefault`), as llama.cpp does, instead of faulting in on first use during
     the first tokens (0.5 s for a cached 2.8 GB file here). `pack_rows`: as in build_model (default: on when the
-    default device is an AVX-512 CPU, MLX_GGML_EXT_PACK_ROWS=0/1 decides otherwise).
+    default device is an AVX-512 or AVX2 CPU, MLX_GGML_EXT_PACK_ROWS=0/1 decides otherwise).
 
     Raises NotImplementedError for an architecture other than llama (Mixtral-style experts included), qwen2,
     qwen3, qwen3moe, gemma3, phi3, gpt-oss."""
