@@ -97,7 +97,7 @@ __global__ void __launch_bounds__(kGroupThreads) group_and_quantize_kernel(MulMa
 // types take 12.5-18.7), 8 tokens 221 -> 123.
 template <class F, int MB, typename T, bool kStaged>
 __global__ void __launch_bounds__(kDotWarps * 32) grouped_dot_kernel(MulMatIdArgs a) {
-  constexpr int R = rows_per_warp<MB>();
+  constexpr int R = dot_rows_per_warp<MB>();
   const int lane = threadIdx.x % 32;
   const int64_t n0 = (static_cast<int64_t>(blockIdx.x) * kDotWarps + threadIdx.x / 32) * R;
   if (n0 >= a.n) return;  // the whole warp
@@ -248,7 +248,7 @@ bool with_dot_format(int type, Make&& make) {
 // bench/results/h200-2026-11-28-mul-mat-id-vs-llama-cpp-cuda.json), so it is compiled for MB = 1 only.
 template <class F, int MB, typename T>
 void set_grouped_dot(MulMatIdPlan& p, const MulMatIdArgs& a, bool words) {
-  const dim3 grid(ceil_div(a.n, kDotWarps * rows_per_warp<MB>()), busy_bound(a)), block(kDotWarps * 32);
+  const dim3 grid(ceil_div(a.n, kDotWarps * dot_rows_per_warp<MB>()), busy_bound(a)), block(kDotWarps * 32);
   if constexpr (MB == 1) {  // the one-launch kernel is compiled for one pair per chunk only
     const int64_t shared = one_launch_shared_bytes<MB>(a);
     const bool fits = pair_count(a) <= kOneLaunchPairs && shared <= kOneLaunchShared;

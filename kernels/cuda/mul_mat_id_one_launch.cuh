@@ -10,7 +10,20 @@
 namespace ggml_ext::cuda {
 namespace {
 
-constexpr int kDotWarps = 4;              // both dot kernels: warps per block, R weight rows each
+// Both dot kernels: warps per block, and rows per warp at MB pairs per chunk (the decode route's rows_per_warp). A
+// tuning build may set either (-DGGML_EXT_MMID_WARPS=N, -DGGML_EXT_MMID_ROWS=R for MB >= 2) to time alternatives.
+#if defined(GGML_EXT_TUNING) && defined(GGML_EXT_MMID_WARPS)
+constexpr int kDotWarps = GGML_EXT_MMID_WARPS;
+#else
+constexpr int kDotWarps = 4;
+#endif
+template <int MB>
+constexpr int dot_rows_per_warp() {
+#if defined(GGML_EXT_TUNING) && defined(GGML_EXT_MMID_ROWS)
+  if (MB > 1) return GGML_EXT_MMID_ROWS;
+#endif
+  return rows_per_warp<MB>();
+}
 constexpr int kOneLaunchPairs = 64;       // pairs one block groups by itself (one token of up to 64 experts)
 constexpr int64_t kOneLaunchShared = 48 * 1024;  // the chunk's quantized rows of x: several blocks per SM
 static_assert(kDotWarps * 32 >= kOneLaunchPairs, "a thread per pair");
@@ -70,7 +83,7 @@ inline int64_t one_launch_shared_bytes(const MulMatIdArgs& a) {
 // quantize_x_kernel would) and the warps take them as grouped_dot_kernel does, one row group after another.
 template <class F, int MB, typename T>
 __global__ void __launch_bounds__(kDotWarps * 32) one_launch_dot_kernel(MulMatIdArgs a) {
-  constexpr int R = rows_per_warp<MB>();
+  constexpr int R = dot_rows_per_warp<MB>();
   __shared__ int bucket[kOneLaunchPairs], first[kOneLaunchPairs];
   __shared__ int32_t mine[kOneLaunchPairs];
   __shared__ int mine_count, block_bucket;
