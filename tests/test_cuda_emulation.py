@@ -721,6 +721,21 @@ def test_mul_mat_id_skewed_routing(kernels, t, case):
         assert_mul_mat_id(got, exact, theirs, t, x_type, k, False, f"{case} x_type={x_type}")
 
 
+@pytest.mark.parametrize("t, k", [(GGMLType.Q4_K, 768), (GGMLType.Q4_0, 768), (GGMLType.Q4_K, 2048),
+                                  (GGMLType.Q8_0, 256)], ids=lambda v: getattr(v, "name", str(v)))
+@pytest.mark.parametrize("tokens, slots", [(1, 1), (8, 1), (8, 8)])
+def test_mul_mat_id_half_warps_at_expert_widths(kernels, t, k, tokens, slots):
+    """Rows of qwen3-30b-a3b's widths: Q4_K at K = 768 has 12 pairs of sub-blocks, too few for 32 lanes, so each
+    half-warp takes its own rows (SubWarp, 16 lanes); Q4_0 at 768 and Q4_K at 2048 keep 32 lanes; Q8_0 at 256 has 8
+    x-blocks. One token (the one-launch kernel) and 8 (grouping, then the dot kernel), x per token or per slot; 42
+    rows, so the last warp's second half-warp reads past the expert's rows and must store nothing."""
+    rng = np.random.default_rng(int(t) + k + tokens)
+    E, n, used = 16, 42, 8
+    ids = np.stack([rng.permutation(E)[:used] for _ in range(tokens)]).astype(np.int32)
+    got, exact, theirs = mul_mat_id_case(kernels, t, F32, ids, E, n, k, slots, False, seed=int(t) + k)
+    assert_mul_mat_id(got, exact, theirs, t, F32, k, False, f"k={k} tokens={tokens} slots={slots}")
+
+
 @pytest.mark.parametrize("t", [GGMLType.Q4_K, GGMLType.F16], ids=lambda t: t.name)
 @pytest.mark.parametrize("case", ["4100_experts", "wide_x", "transposed_one_expert"])
 def test_mul_mat_id_launch_shapes(kernels, t, case):

@@ -109,9 +109,12 @@ __device__ __forceinline__ void store(T* p, const float (&f)[N]) {
   for (int i = 0; i < kWords; ++i) reinterpret_cast<W*>(p)[i] = raw[i];
 }
 
+// The sum of v over the warp (kLanes = 32) or over each aligned segment of kLanes lanes (a power of 2), returned to
+// every lane of it; every lane of the warp takes part.
+template <int kLanes = 32>
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  for (int offset = kLanes / 2; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
   return v;
 }
 

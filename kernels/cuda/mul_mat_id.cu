@@ -95,16 +95,21 @@ __global__ void __launch_bounds__(kGroupThreads) group_and_quantize_kernel(MulMa
 // quantized_matmul's decode_dot_kernel does. They took the float kernel before: Q6_K 2048 x 768, 8 of 128 experts,
 // kernel-only on an H200 at base clocks (bench/cuda_mul_mat_id_driver.cu), one token 42.0 -> 28.7 us (the aligned
 // types take 12.5-18.7), 8 tokens 221 -> 123.
-template <class F, int MB, typename T, bool kStaged>
+// With kLanes = 16 (SubWarp) each warp takes two groups of R rows, a half-warp each.
+template <class F, int MB, typename T, bool kStaged, int kLanes>
 __global__ void __launch_bounds__(kDotWarps * 32) grouped_dot_kernel(MulMatIdArgs a) {
+  static_assert(kLanes == 32 || !kStaged, "staged rows: the whole warp stages them");
   constexpr int R = dot_rows_per_warp<MB>();
+  using Sub = SubWarp<kLanes>;
   const int lane = threadIdx.x % 32;
-  const int64_t n0 = (static_cast<int64_t>(blockIdx.x) * kDotWarps + threadIdx.x / 32) * R;
-  if (n0 >= a.n) return;  // the whole warp
+  const int64_t warp_n0 = (static_cast<int64_t>(blockIdx.x) * kDotWarps + threadIdx.x / 32) * Sub::kGroups * R;
+  if (warp_n0 >= a.n) return;  // the whole warp
+  const Sub sub(lane);
+  const int64_t n0 = warp_n0 + sub.group * R;
   const PairGroups g(a);
   const int64_t e = g.bucket_of_block(blockIdx.y);
   if (e < 0) return;  // fewer experts have pairs than the grid has rows
-  if (e == a.e) return store_nan_rows<T>(a, g, n0, R, lane);
+  if (e == a.e) return store_nan_rows<T>(a, g, warp_n0, Sub::kGroups * R, lane);
   const int64_t first = g.offsets[e], last = g.offsets[e + 1];
   const QuantizedMatmulArgs xq = x_quantize_view(a);
   QuantizedMatmulArgs view = xq;  // m set per chunk
@@ -127,9 +132,9 @@ __global__ void __launch_bounds__(kDotWarps * 32) grouped_dot_kernel(MulMatIdArg
       add_staged_rows(dot, stage_all[threadIdx.x / 32], width, lane);
     } else {
 #pragma unroll kUnroll
-      for (int p = lane; p < groups; p += 32) dot.template add<kG>(dot.rows, p, int64_t{p} * kG);
+      for (int p = sub.lane; p < groups; p += kLanes) dot.template add<kG>(dot.rows, p, int64_t{p} * kG);
     }
-    store_pair_sums<T>(a, dot, pair, static_cast<int>(view.m), n0, lane);
+    store_pair_sums<T, kLanes>(a, dot, pair, static_cast<int>(view.m), n0, sub.lane);
   }
 }
 
@@ -246,25 +251,52 @@ bool with_dot_format(int type, Make&& make) {
 // kernel quantizes its chunk's rows of x itself; at MB = 8 that made it slower than the two launches (H200,
 // qwen3-30b-a3b's experts, 8 tokens: 81-103 us per product against 44-50 on an H100 the day before;
 // bench/results/h200-2026-11-28-mul-mat-id-vs-llama-cpp-cuda.json), so it is compiled for MB = 1 only.
-template <class F, int MB, typename T>
+template <class F, int MB, typename T, int kLanes>
 void set_grouped_dot(MulMatIdPlan& p, const MulMatIdArgs& a, bool words) {
-  const dim3 grid(ceil_div(a.n, kDotWarps * dot_rows_per_warp<MB>()), busy_bound(a)), block(kDotWarps * 32);
+  constexpr int kWarpRows = 32 / kLanes * dot_rows_per_warp<MB>();
+  const dim3 grid(ceil_div(a.n, kDotWarps * kWarpRows), busy_bound(a)), block(kDotWarps * 32);
   if constexpr (MB == 1) {  // the one-launch kernel is compiled for one pair per chunk only
     const int64_t shared = one_launch_shared_bytes<MB>(a);
     const bool fits = pair_count(a) <= kOneLaunchPairs && shared <= kOneLaunchShared;
     if (fits && words && !tuning_switch("GGML_EXT_MMID_TWO_LAUNCHES")) {
-      const int64_t row_groups = grid.x;  // of kDotWarps * R rows, as grouped_dot_kernel's blocks take them
+      const int64_t row_groups = grid.x;  // of kDotWarps * kWarpRows rows, as grouped_dot_kernel's blocks take them
       const dim3 one_grid(ceil_div(row_groups, one_launch_groups(row_groups, grid.y)), grid.y);
-      p.steps[0] = KernelLaunch{reinterpret_cast<const void*>(&one_launch_dot_kernel<F, MB, T>), one_grid, block,
-                                static_cast<unsigned>(shared)};
+      p.steps[0] = KernelLaunch{reinterpret_cast<const void*>(&one_launch_dot_kernel<F, MB, T, kLanes>), one_grid,
+                                block, static_cast<unsigned>(shared)};
       p.steps[1] = KernelLaunch{};
       p.workspace_bytes = 0;
       return;
     }
   }
-  const void* dot = words ? reinterpret_cast<const void*>(&grouped_dot_kernel<F, MB, T, false>)
-                          : reinterpret_cast<const void*>(&grouped_dot_kernel<F, MB, T, true>);
-  p.steps[1] = KernelLaunch{dot, grid, block};
+  if constexpr (kLanes == 32) {
+    const void* dot = words ? reinterpret_cast<const void*>(&grouped_dot_kernel<F, MB, T, false, 32>)
+                            : reinterpret_cast<const void*>(&grouped_dot_kernel<F, MB, T, true, 32>);
+    p.steps[1] = KernelLaunch{dot, grid, block};
+  } else {  // (staged rows take 32 lanes: set_dot_lanes)
+    p.steps[1] = KernelLaunch{reinterpret_cast<const void*>(&grouped_dot_kernel<F, MB, T, false, kLanes>), grid, block};
+  }
+}
+
+// The pairs-per-chunk template with the lanes per group of rows (SubWarp), for rows read straight from memory: 16
+// where a row's x-block groups (of the kG the dot takes at a time) would leave more than half of 32 lanes idle; at
+// 2-4 pairs per chunk always (a lane's few products then leave its loads the time to land: more of them in flight);
+// at 8, where a row has at most one group per lane. H200, 8 of 128 experts, qwen3-30b-a3b's widths
+// (bench/cuda_mul_mat_id_driver.cu, CUDA events, DRAM, us; 32 -> 16 lanes): Q4_K 2048 x 768 (12 groups), one token
+// 14.9 -> 11.8, 8 tokens 60.9 -> 35.2; 8 tokens (2 pairs per chunk) Q4_0 768 x 2048 27.0 -> 26.2, 2048 x 768
+// 39.2 -> 28.8, Q4_K 768 x 2048 34.3 -> 28.6, Q8_0 36.3 -> 35.3 and 50.9 -> 42.1, Q6_K 768 x 2048 45.1 -> 38.9;
+// 8 tokens on the same experts (8 pairs per chunk): rows of 24-32 groups 11-26% faster, of 64 (K = 2048) Q4_0 and
+// Q6_K 1.2-1.3x slower (Q8_0 10% faster), so they keep 32; one token with 24-64 groups: -0.8 .. +3 us, kept at 32.
+// (4 pairs per chunk was not measured.)
+template <class F, int MB, typename T>
+void set_dot_lanes(MulMatIdPlan& p, const MulMatIdArgs& a, bool words) {
+  const int64_t groups = a.k / 32 / lane_group<F, dot_rows_per_warp<MB>()>();
+  const bool half_warps = groups < 16 || (MB >= 2 && MB <= 4) || (MB == 8 && groups <= 32);
+  const int lanes = tuning_int("GGML_EXT_MMID_LANES", half_warps ? 16 : 32);
+  if (lanes == 16 && words) {
+    set_grouped_dot<F, MB, T, 16>(p, a, words);
+  } else {
+    set_grouped_dot<F, MB, T, 32>(p, a, words);
+  }
 }
 
 // The pairs per chunk of the dot kernels (MB, as the decode route's rows of x: 1, 2, 4 or 8): the pairs a busy expert
@@ -300,13 +332,13 @@ bool set_dot_steps(MulMatIdPlan& p, const MulMatIdArgs& a, int type) {
     p.workspace_bytes += records_offset(xq) + xq.m * (a.k / 32) * static_cast<int64_t>(sizeof(XRecord));
     const int mb = pairs_per_chunk(a);
     if (mb <= 1) {
-      set_grouped_dot<F, 1, T>(p, a, words);
+      set_dot_lanes<F, 1, T>(p, a, words);
     } else if (mb <= 2) {
-      set_grouped_dot<F, 2, T>(p, a, words);
+      set_dot_lanes<F, 2, T>(p, a, words);
     } else if (mb <= 4) {
-      set_grouped_dot<F, 4, T>(p, a, words);
+      set_dot_lanes<F, 4, T>(p, a, words);
     } else {
-      set_grouped_dot<F, 8, T>(p, a, words);
+      set_dot_lanes<F, 8, T>(p, a, words);
     }
   });
 }

@@ -54,8 +54,22 @@ __host__ __device__ inline QuantizedMatmulArgs expert_view(const MulMatIdArgs& a
   return q;
 }
 
-// The sums of a warp's R weight rows (n0 ..) with the chunk's m pairs, each into its pair's output row.
-template <typename T, class Dot, int MB>
+// Lanes per group of R weight rows in both dot kernels (kLanes): 32, or 16 where a row has too few x-block groups to
+// give 32 lanes one each (the down experts of qwen3-30b-a3b, K = 768: 24 x-blocks, 12 pairs of Q4_K sub-blocks, so
+// 12 of 32 lanes worked); a warp then takes 32 / kLanes groups of rows side by side, kLanes lanes each. Every lane
+// of a warp runs the same loop (the groups of rows past n read the last row and store nothing), so the segments'
+// sums can shuffle over the whole warp.
+template <int kLanes>
+struct SubWarp {
+  static constexpr int kGroups = 32 / kLanes;  // groups of rows per warp
+  int lane;                                    // within the segment
+  int group;                                   // the warp's group this lane works on
+  __device__ explicit SubWarp(int warp_lane) : lane(warp_lane % kLanes), group(warp_lane / kLanes) {}
+};
+
+// The sums of a segment's R weight rows (n0 ..) with the chunk's m pairs, each into its pair's output row (lane:
+// within the segment of kLanes lanes).
+template <typename T, int kLanes, class Dot, int MB>
 __device__ __forceinline__ void store_pair_sums(const MulMatIdArgs& a, Dot& dot, const int32_t (&pair)[MB], int m,
                                                 int64_t n0, int lane) {
 #pragma unroll
@@ -63,8 +77,8 @@ __device__ __forceinline__ void store_pair_sums(const MulMatIdArgs& a, Dot& dot,
 #pragma unroll
     for (int i = 0; i < MB; ++i) {
       if (i < m) {
-        const float sum = warp_sum(dot.acc[r][i]);
-        if (lane == (r * MB + i) % 32 && n0 + r < a.n)
+        const float sum = warp_sum<kLanes>(dot.acc[r][i]);
+        if (lane == (r * MB + i) % kLanes && n0 + r < a.n)
           static_cast<T*>(a.y)[int64_t{pair[i]} * a.n + n0 + r] = from_float<T>(sum);
       }
     }
@@ -77,13 +91,15 @@ inline int64_t one_launch_shared_bytes(const MulMatIdArgs& a) {
 }
 
 // Block (bx, y) takes the y-th distinct bucket of the ids in pair order (blocks past the last exit; bucket e, the
-// ids outside [0, e), gets NaN rows) and its G row groups of kDotWarps * R weight rows (G from the grid's width: the
-// groups of the weight over gridDim.x), warp w the R rows n0 = ((bx * G + g) * kDotWarps + w) * R .. of group g; for
-// each chunk of up to MB of the bucket's pairs the block quantizes their rows of x into shared memory (as
-// quantize_x_kernel would) and the warps take them as grouped_dot_kernel does, one row group after another.
-template <class F, int MB, typename T>
+// ids outside [0, e), gets NaN rows) and its G row groups of kDotWarps * 32 / kLanes * R weight rows (G from the
+// grid's width: the groups of the weight over gridDim.x), warp w's segment s the R rows
+// n0 = (((bx * G + g) * kDotWarps + w) * 32 / kLanes + s) * R .. of group g; for each chunk of up to MB of the
+// bucket's pairs the block quantizes their rows of x into shared memory (as quantize_x_kernel would) and the warps
+// take them as grouped_dot_kernel does, one row group after another.
+template <class F, int MB, typename T, int kLanes>
 __global__ void __launch_bounds__(kDotWarps * 32) one_launch_dot_kernel(MulMatIdArgs a) {
   constexpr int R = dot_rows_per_warp<MB>();
+  using Sub = SubWarp<kLanes>;
   __shared__ int bucket[kOneLaunchPairs], first[kOneLaunchPairs];
   __shared__ int32_t mine[kOneLaunchPairs];
   __shared__ int mine_count, block_bucket;
@@ -118,16 +134,17 @@ __global__ void __launch_bounds__(kDotWarps * 32) one_launch_dot_kernel(MulMatId
   }
   __syncthreads();
   const int count = mine_count;
-  constexpr int kGroupRows = kDotWarps * R;  // rows between a warp's row groups
+  constexpr int kWarpRows = Sub::kGroups * R, kGroupRows = kDotWarps * kWarpRows;  // rows of a warp, of a group
   const int64_t groups_per_block = ((a.n + kGroupRows - 1) / kGroupRows + gridDim.x - 1) / gridDim.x;
-  const int64_t first_row = static_cast<int64_t>(blockIdx.x) * groups_per_block * kGroupRows + tid / 32 * R;
+  const int64_t warp_row = static_cast<int64_t>(blockIdx.x) * groups_per_block * kGroupRows + tid / 32 * kWarpRows;
   if (b == a.e) {
     for (int64_t g = 0; g < groups_per_block; ++g) {
-      const int64_t n0 = first_row + g * kGroupRows;
-      if (n0 < a.n) store_nan_rows<T>(a, mine, count, n0, R, lane);
+      const int64_t n0 = warp_row + g * kGroupRows;
+      if (n0 < a.n) store_nan_rows<T>(a, mine, count, n0, kWarpRows, lane);
     }
     return;
   }
+  const Sub sub(lane);
   const int xblocks = static_cast<int>(a.k / 32), all = MB * xblocks;
   uint4* planes = dynamic_shared_memory<uint4>();
   XRecord* records = reinterpret_cast<XRecord*>(planes + 2 * all);
@@ -151,12 +168,13 @@ __global__ void __launch_bounds__(kDotWarps * 32) one_launch_dot_kernel(MulMatId
     __syncthreads();
     view.m = m;
     for (int64_t g = 0; g < groups_per_block; ++g) {
-      const int64_t n0 = first_row + g * kGroupRows;
-      if (n0 >= a.n) break;  // the warp's later groups too
+      const int64_t warp_n0 = warp_row + g * kGroupRows;
+      if (warp_n0 >= a.n) break;  // the whole warp, and its later groups too
+      const int64_t n0 = warp_n0 + sub.group * R;
       WarpDot<F, MB, R, SharedX> dot(view, n0, x, b);
 #pragma unroll kUnroll
-      for (int p = lane; p < groups; p += 32) dot.template add<kG>(dot.rows, p, int64_t{p} * kG);
-      store_pair_sums<T>(a, dot, pair, m, n0, lane);
+      for (int p = sub.lane; p < groups; p += kLanes) dot.template add<kG>(dot.rows, p, int64_t{p} * kG);
+      store_pair_sums<T, kLanes>(a, dot, pair, m, n0, sub.lane);
     }
     __syncthreads();  // the planes are rewritten by the next chunk
   }
