@@ -278,19 +278,19 @@ void set_grouped_dot(MulMatIdPlan& p, const MulMatIdArgs& a, bool words) {
 }
 
 // The pairs-per-chunk template with the lanes per group of rows (SubWarp), for rows read straight from memory: 16
-// where a row's x-block groups (of the kG the dot takes at a time) would leave more than half of 32 lanes idle; at
-// 2-4 pairs per chunk always (a lane's few products then leave its loads the time to land: more of them in flight);
-// at 8, where a row has at most one group per lane. H200, 8 of 128 experts, qwen3-30b-a3b's widths
-// (bench/cuda_mul_mat_id_driver.cu, CUDA events, DRAM, us; 32 -> 16 lanes): Q4_K 2048 x 768 (12 groups), one token
-// 14.9 -> 11.8, 8 tokens 60.9 -> 35.2; 8 tokens (2 pairs per chunk) Q4_0 768 x 2048 27.0 -> 26.2, 2048 x 768
-// 39.2 -> 28.8, Q4_K 768 x 2048 34.3 -> 28.6, Q8_0 36.3 -> 35.3 and 50.9 -> 42.1, Q6_K 768 x 2048 45.1 -> 38.9;
-// 8 tokens on the same experts (8 pairs per chunk): rows of 24-32 groups 11-26% faster, of 64 (K = 2048) Q4_0 and
-// Q6_K 1.2-1.3x slower (Q8_0 10% faster), so they keep 32; one token with 24-64 groups: -0.8 .. +3 us, kept at 32.
-// (4 pairs per chunk was not measured.)
+// where a row's x-block groups (of the kG the dot takes at a time) would leave more than half of 32 lanes idle, and
+// at 2-4 pairs per chunk (a lane's few products leave its loads the time to land: more of them in flight). H200, 8
+// of 128 experts, qwen3-30b-a3b's widths (bench/cuda_mul_mat_id_driver.cu, CUDA events, DRAM, us; 32 -> 16 lanes):
+// Q4_K 2048 x 768 (12 groups), one token 14.9 -> 11.8, 8 tokens 60.9 -> 35.2; 8 tokens (2 pairs per chunk) Q4_0
+// 768 x 2048 27.0 -> 26.2, 2048 x 768 39.2 -> 28.8, Q4_K 768 x 2048 34.3 -> 28.6, Q8_0 36.3 -> 35.3 and 50.9 -> 42.1,
+// Q6_K 768 x 2048 45.1 -> 38.9. Every token on the same 8 experts (also 2 pairs per chunk: the rule knows only the
+// expected spread) is the exception: rows of 24-32 groups 11-26% faster, of 64 (K = 2048) Q4_0 and Q6_K 1.2-1.3x
+// slower (Q8_0 10% faster); random routing, as a top-k router gives, decides. One token (one pair per chunk), rows of
+// 24-64 groups: -0.8 .. +3 us, so 32 lanes there. 4 and 8 pairs per chunk were not measured (8 keeps 32 lanes).
 template <class F, int MB, typename T>
 void set_dot_lanes(MulMatIdPlan& p, const MulMatIdArgs& a, bool words) {
   const int64_t groups = a.k / 32 / lane_group<F, dot_rows_per_warp<MB>()>();
-  const bool half_warps = groups < 16 || (MB >= 2 && MB <= 4) || (MB == 8 && groups <= 32);
+  const bool half_warps = groups < 16 || (MB >= 2 && MB <= 4);
   const int lanes = tuning_int("GGML_EXT_MMID_LANES", half_warps ? 16 : 32);
   if (lanes == 16 && words) {
     set_grouped_dot<F, MB, T, 16>(p, a, words);
