@@ -116,10 +116,11 @@ NB_MODULE(_ext, m) {
         "product.");
   m.def("unpack_rows", &unpack_rows, "packed"_a, "ggml_type"_a, "Packed rows back to their blocks.");
   m.def("packed_type", &packed_type, "ggml_type"_a, "The type id of a plain type's packed rows.");
-  // The packed types (kernels/cpu/packed_rows.h): "Q4_K_R8" etc. -> (packed id, plain id); each id an attribute too.
+  // The packed types (kernels/cpu/packed_rows.h): "Q4_K_R8" etc. -> (packed id, plain id, bytes per row of a packed
+  // block, i.e. per block of the plain row); each id an attribute too.
   nb::dict packed_types;
   for (const auto& t : ggml_ext::cpu::kPackedTypes) {
-    packed_types[t.name] = nb::make_tuple(t.type, t.plain);
+    packed_types[t.name] = nb::make_tuple(t.type, t.plain, t.row_bytes);
     m.attr(t.name) = t.type;
   }
   m.attr("PACKED_TYPES") = packed_types;

@@ -215,8 +215,10 @@ def quantize(w: mx.array, ggml_type, *, imatrix: mx.array = None, stream: Stream
 
 #: The type ids of rows packed by :func:`pack_rows` (not ggml types: never in a file), by name ("Q4_K_R8"), and the
 #: types :func:`pack_rows` packs.
-_PACKED_NAMES = {name: packed for name, (packed, _) in _ext.PACKED_TYPES.items()}
-PACKABLE_TYPES = tuple(GGMLType(plain) for _, plain in _ext.PACKED_TYPES.values())
+_PACKED_NAMES = {name: packed for name, (packed, _, _) in _ext.PACKED_TYPES.items()}
+PACKABLE_TYPES = tuple(GGMLType(plain) for _, plain, _ in _ext.PACKED_TYPES.values())
+# Bytes a packed row takes per block of the plain row (Q4_K: 148 against the blocks' 144; the others as the blocks).
+_PACKED_BLOCK_BYTES = {GGMLType(plain): row_bytes for _, plain, row_bytes in _ext.PACKED_TYPES.values()}
 globals().update(_PACKED_NAMES)  # ops.Q4_K_R8, ops.Q4_0_R8, ...: the ids as module constants
 
 

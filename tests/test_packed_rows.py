@@ -29,7 +29,9 @@ BLOCK_SIZE = {"Q4_K": 256, "Q6_K": 256, "Q4_0": 32, "IQ4_NL": 32, "Q5_0": 32, "Q
 def test_the_packed_types_are_the_tables():
     assert set(PACKED) == {t.name for t in ops.PACKABLE_TYPES}
     assert {name: ops._type_id(name) for name in PACKED.values()} == {
-        name: packed for name, (packed, _) in _ext.PACKED_TYPES.items()}
+        name: packed for name, (packed, _, _) in _ext.PACKED_TYPES.items()}
+    # the bytes per block models.load counts before packing (pack_rows_bytes)
+    assert {t.name: ops._PACKED_BLOCK_BYTES[t] * 256 // t.block_size for t in ops.PACKABLE_TYPES} == ROW_BYTES
 
 
 def blocks_of(rng, t, n, k):
