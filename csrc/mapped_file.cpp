@@ -128,21 +128,8 @@ namespace {
 
 mx::array make_shared_array(const std::shared_ptr<MappedFile::Mapping>& m, mx::allocator::Buffer buffer,
                             uint64_t offset, const mx::Shape& shape, uint64_t nbytes) {
-  mx::Strides strides(shape.size(), 1);
-  for (int i = static_cast<int>(shape.size()) - 2; i >= 0; --i) strides[i] = strides[i + 1] * shape[i + 1];
-  mx::array::Flags flags;
-  flags.contiguous = true;
-  flags.row_contiguous = true;
-  int64_t largest = 0;
-  for (auto d : shape) largest = std::max<int64_t>(largest, d);
-  flags.col_contiguous = nbytes <= 1 || static_cast<int64_t>(nbytes) == largest;
-
-  mx::array out(shape, mx::uint8, nullptr, {});
   // Not owned by the allocator, so MLX never donates (writes into) these pages.
-  out.set_data(mx::allocator::Data(buffer, [keep = m](mx::allocator::Buffer) {}), nbytes,
-               std::move(strides), flags, static_cast<int64_t>(offset));
-  out.set_status(mx::array::Status::available);
-  return out;
+  return array_over_buffer(buffer, [keep = m](mx::allocator::Buffer) {}, static_cast<int64_t>(offset), shape, nbytes);
 }
 
 // Whether an array built with `sharing` addresses the file's bytes in place.

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "csrc/ggml_types.h"
+#include "csrc/huge_pages.h"
 #include "kernels/common/ggml_blocks.h"
 #include "kernels/cpu/packed_rows.h"
 #include "kernels/cpu/parallel.h"
@@ -36,7 +37,7 @@ mx::array checked_rows(const mx::array& a, const char* op, const char* what, int
 mx::array converted(const mx::array& rows, int64_t out_row_bytes,
                     void (*convert)(const uint8_t*, int64_t, int64_t, uint8_t*), int64_t blocks) {
   const int64_t N = rows.shape(0), in_row_bytes = rows.shape(1);
-  mx::array out(mx::allocator::malloc(N * out_row_bytes), {rows.shape(0), static_cast<int>(out_row_bytes)}, mx::uint8);
+  mx::array out = new_streamed_bytes({rows.shape(0), static_cast<int>(out_row_bytes)}, N * out_row_bytes);
   const uint8_t* in = rows.data<uint8_t>();
   uint8_t* dst = out.data<uint8_t>();
   const int64_t group_bytes = std::max<int64_t>(1, cpu::kPackedRows * in_row_bytes);

@@ -111,6 +111,17 @@ mx::array::Flags view_flags(const mx::Shape& shape, const mx::Strides& strides, 
   return flags;
 }
 
+mx::array array_over_buffer(mx::allocator::Buffer buffer, std::function<void(mx::allocator::Buffer)> release,
+                            int64_t offset, const mx::Shape& shape, uint64_t nbytes) {
+  mx::Strides strides(shape.size(), 1);
+  for (int i = static_cast<int>(shape.size()) - 2; i >= 0; --i) strides[i] = strides[i + 1] * shape[i + 1];
+  mx::array out(shape, mx::uint8, nullptr, {});
+  out.set_data(mx::allocator::Data(buffer, std::move(release)), nbytes, strides, view_flags(shape, strides, nbytes),
+               offset);
+  out.set_status(mx::array::Status::available);
+  return out;
+}
+
 const char* gpu_backend() { return MLX_GGML_EXT_GPU_BACKEND; }
 
 void throw_no_gpu_kernel(const char* primitive) {

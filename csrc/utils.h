@@ -78,6 +78,11 @@ std::vector<mx::array> jvp_through(const GraphFn& f, const std::vector<mx::array
 // MLX's flags of a view with these strides over `data_size` elements of its buffer.
 mx::array::Flags view_flags(const mx::Shape& shape, const mx::Strides& strides, size_t data_size);
 
+// An evaluated row-major uint8 array of `shape` (`nbytes` bytes) at `offset` in a buffer that MLX's allocator did
+// not make (a mapped file, pages of the package's own); `release` runs once no array holds the buffer.
+mx::array array_over_buffer(mx::allocator::Buffer buffer, std::function<void(mx::allocator::Buffer)> release,
+                            int64_t offset, const mx::Shape& shape, uint64_t nbytes);
+
 // "cuda", "metal" or "cpu": the GPU backend this build was compiled for.
 const char* gpu_backend();
 

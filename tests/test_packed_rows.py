@@ -374,3 +374,34 @@ def test_available_memory_reads_the_system():
         assert isinstance(memory, int) and 0 < memory <= total
     else:
         assert memory is None or memory > 0
+
+
+def mapping_of(address):
+    """(start, end, VmFlags) of this process's mapping that holds `address` (/proc/self/smaps), or None."""
+    found = None
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            first = line.split()[0]
+            if "-" in first and ":" not in first:  # a mapping's first line: "start-end perms ..."
+                start, end = (int(v, 16) for v in first.split("-"))
+                found = (start, end) if start <= address < end else None
+            elif found and line.startswith("VmFlags:"):
+                return (*found, line.split()[1:])
+    return None
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="Linux's memory advice (no /proc/self/smaps)")
+def test_large_packed_copies_ask_for_huge_pages():
+    # From 2 MB the copy's pages are advised MADV_HUGEPAGE before they are written (VmFlags "hg"); in the CPU-only
+    # build it is a mapping of its own starting on a 2 MB boundary, unmapped once no array holds it.
+    blocks, _ = blocks_of(np.random.default_rng(11), "Q4_0", 1024, 4096)  # 2.36 MB
+    packed = ops.pack_rows(blocks, "Q4_0")
+    assert np.array_equal(to_numpy(ops.unpack_rows(packed, "Q4_0_R8")), to_numpy(blocks))
+    address = np.asarray(memoryview(packed)).ctypes.data
+    start, end, flags = mapping_of(address)
+    assert "hg" in flags, (hex(start), hex(end), flags)
+    if _ext.gpu_backend() == "cpu":
+        assert address % (2 << 20) == 0 and end - address >= packed.nbytes
+        del packed
+        mx.clear_cache()
+        assert mapping_of(address) is None or mapping_of(address)[:2] != (start, end)
