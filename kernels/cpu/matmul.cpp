@@ -17,8 +17,9 @@
 // (M <= 8) streams the weight once with every thread; prefill tiles M by 8 and keeps a slice of weight rows in L2.
 //
 // The IQ grid types and TQ1_0 take the same kernels through staged blocks: each weight row's blocks decoded
-// once into int8 codes with integer chunk scales (matmul_grid_codes.h), read as a plain signed-byte layout; on AVX2 and AVX-512,
-// the IQ grid types against one row of x skip the staging (matmul_iq1_one_row.h, matmul_iq_signed_one_row.h).
+// once into int8 codes with integer chunk scales (matmul_grid_codes.h), read as a plain signed-byte layout; on
+// AVX2 and AVX-512, the IQ grid types against one row of x skip the staging (matmul_iq1_one_row.h,
+// matmul_iq_signed_one_row.h).
 //
 // Float weights (F32/F16/BF16) and the transposed product (x's gradient) use float32 arithmetic on the
 // decoded values: the transposed product decodes each block once and adds it, scaled, into a strip of the

@@ -1,6 +1,6 @@
-// IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS and IQ3_S against one row of x on AVX2 and AVX-512 (decode), without staged blocks, as
-// matmul_iq1_one_row.h does for IQ1: at one row of x nothing reuses a staged block, and writing its 256 codes and
-// reading them back for the dot costs more than the dot.
+// IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS and IQ3_S against one row of x on AVX2 and AVX-512 (decode), without staged
+// blocks, as matmul_iq1_one_row.h does for IQ1: at one row of x nothing reuses a staged block, and writing its 256
+// codes and reading them back for the dot costs more than the dot.
 //
 // These five formats share one shape: per 32-element sub-block, grid entries of unsigned values (IQ2: {8, 25, 43},
 // IQ3_XXS: {4, ..., 62}, IQ3_S: {1, ..., 15}; GridBytes' tables), a sign per element and integer scales (2s + 1)
