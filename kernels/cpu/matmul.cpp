@@ -18,7 +18,7 @@
 //
 // The IQ grid types and TQ1_0 take the same kernels through staged blocks: each weight row's blocks decoded
 // once into int8 codes with integer chunk scales (matmul_grid_codes.h), read as a plain signed-byte layout; on
-// AVX2 and AVX-512, the IQ grid types against one row of x skip the staging (matmul_iq1_one_row.h,
+// AVX2 and AVX-512, the IQ grid types and TQ1_0 against one row of x skip the staging (matmul_iq1_one_row.h,
 // matmul_iq_signed_one_row.h).
 //
 // Float weights (F32/F16/BF16) and the transposed product (x's gradient) use float32 arithmetic on the
@@ -205,7 +205,7 @@ void forward_on_codes(const MatmulArgs& a, const Act& act, const Codes& codes, i
   } else {
 #if defined(GGML_EXT_IQ_ONE_ROW)
     // The IQ grid types against one row of x: straight from the blocks (matmul_iq1_one_row.h for IQ1_S and IQ1_M,
-    // matmul_iq_signed_one_row.h for IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS and IQ3_S).
+    // matmul_iq_signed_one_row.h for IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S and TQ1_0).
     if constexpr (HasOneRowDot<typename Q::B> && std::is_same_v<Act, QuantizedRows>) {
       if (a.M == 1 && fold == 1) {
         const OneRowDotOf<typename Q::B> dot_one(act);
