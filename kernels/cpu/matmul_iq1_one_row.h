@@ -1,6 +1,6 @@
 // IQ1_S and IQ1_M against one row of x on AVX2 and AVX-512 (decode), without staged blocks: each block's grid
-// entries are looked up and multiplied with x's codes in registers. Staging (matmul_grid_codes.h) writes a block's 256 codes
-// and reads them back for the dot; at one row of x nothing reuses them, and the round trip through memory plus
+// entries are looked up and multiplied with x's codes in registers. Staging (matmul_grid_codes.h) writes a block's
+// 256 codes and reads them back for the dot; at one row of x nothing reuses them, and the round trip through memory plus
 // the scalar index arithmetic (a dozen operations per 32 codes) cost more than twice the dot itself (IQ1_M on Zen 3:
 // staging 23 ns per block, the staged dot 9-10). A gather of the four entries (vpgatherdq) was slower than four loads
 // (kernel driver, IQ1_S 4096x14336 m=1: 4.36 against 3.68 ms).
