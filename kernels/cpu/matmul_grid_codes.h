@@ -15,6 +15,7 @@
 #pragma once
 #include <cstdint>
 #include <cstring>
+#include <utility>
 
 #include "kernels/cpu/matmul_block_scales.h"
 #include "kernels/cpu/matmul_common.h"
@@ -288,24 +289,40 @@ inline __attribute__((always_inline)) vi8x32 ternary32(vu8x32 bytes, vu16x16 pow
 inline __attribute__((always_inline)) vu16x16 halves(uint16_t low, uint16_t high) {
   return vu16x16{low, low, low, low, low, low, low, low, high, high, high, high, high, high, high, high};
 }
+// A TQ1_0 block's three code vectors (qs[0..31]; qs[32..47] twice; qs[32..47] then qh[j % 4] in lane 16 + j), loaded
+// once, and the digits minus 1 of its sub-block ib (elements 32 ib .. 32 ib + 31) made from them: the staging and
+// the one-row dot (matmul_iq_signed_one_row.h) both take them from here.
+struct Tq1Codes {
+  vu8x32 head, tail, last;
+  inline __attribute__((always_inline)) void load(const block_tq1_0* b) {
+    head = load_vec<vu8x32>(b->qs);  // elements 0..159: qs[j % 32], digit j / 32
+    const vu8x16 t16 = load16(b->qs + 32);  // elements 160..239: qs[32 + j % 16], digit j / 16
+    tail = __builtin_shufflevector(t16, t16, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6,
+                                   7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const vu8x16 qh = (vu8x16)(vu32x4{} + load_u32(b->qh));  // elements 240..255: qh[j % 4], digit j / 4
+    last = __builtin_shufflevector(t16, qh, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20,
+                                   21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31);
+  }
+  template <int ib>
+  inline __attribute__((always_inline)) vi8x32 digits() const {
+    if constexpr (ib < 5) {
+      constexpr uint16_t kPow3[5] = {1, 3, 9, 27, 81};
+      return ternary32(head, vu16x16{} + kPow3[ib]);
+    } else if constexpr (ib < 7) {
+      return ternary32(tail, ib == 5 ? halves(1, 3) : halves(9, 27));
+    } else {
+      return ternary32(last, vu16x16{81, 81, 81, 81, 81, 81, 81, 81, 1, 1, 3, 3, 9, 9, 27, 27});
+    }
+  }
+};
 inline __attribute__((always_inline)) void stage_block(const block_tq1_0* b, StagedBlock* s, const GridBytes&) {
   s->d = GGML_EXT_HALF_TO_FLOAT(b->d);
   std::memset(s->scales, 1, sizeof s->scales);
-  // elements 0..159: qs[j % 32], digit j / 32
-  const vu8x32 head = load_vec<vu8x32>(b->qs);
-  constexpr uint16_t kPow3[5] = {1, 3, 9, 27, 81};
-#pragma GCC unroll 5
-  for (int ib = 0; ib < 5; ++ib) put32(s, ib, ternary32(head, vu16x16{} + kPow3[ib]));
-  // elements 160..239: qs[32 + j % 16], digit j / 16; elements 240..255: qh[j % 4], digit j / 4
-  const vu8x16 tail = load16(b->qs + 32);
-  const vu8x32 tail2 = __builtin_shufflevector(tail, tail, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1,
-                                               2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  put32(s, 5, ternary32(tail2, halves(1, 3)));
-  put32(s, 6, ternary32(tail2, halves(9, 27)));
-  const vu8x16 qh = (vu8x16)(vu32x4{} + load_u32(b->qh));  // qh[j % 4] in lane j
-  const vu8x32 last = __builtin_shufflevector(tail, qh, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17,
-                                              18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31);
-  put32(s, 7, ternary32(last, vu16x16{81, 81, 81, 81, 81, 81, 81, 81, 1, 1, 3, 3, 9, 9, 27, 27}));
+  Tq1Codes codes;
+  codes.load(b);
+  [&]<int... ib>(std::integer_sequence<int, ib...>) __attribute__((always_inline)) {
+    (put32(s, ib, codes.template digits<ib>()), ...);
+  }(std::make_integer_sequence<int, 8>{});
 }
 
 // A grid type as the matmul drivers see it: its packed blocks, which the row dots read as StagedFormat once

@@ -213,33 +213,18 @@ struct Iq3sBlock {
 
 // TQ1_0 (not a grid type, the same shape with grid bytes of 1): its digits minus 1 (-1, 0, 1; ternary32 of
 // matmul_grid_codes.h, as its staging makes them) take the place of the signs, so sign_epi8 gives x's codes times
-// the weights and maddubs against 1s adds their pairs; chunk scales 1. The block's three code vectors (qs[0..31],
-// qs[32..47] twice, and its last 16 bytes with qh) are loaded once, each sub-block's digits made from them.
+// the weights and maddubs against 1s adds their pairs; chunk scales 1. The digits come from Tq1Codes, as the
+// staging's do: the block's code vectors loaded once, each sub-block's digits made from them.
 struct Tq1Block {
   float d;
-  vu8x32 head, tail, last;
+  Tq1Codes codes;
   inline __attribute__((always_inline)) void load(const block_tq1_0* b) {
     d = GGML_EXT_HALF_TO_FLOAT(b->d);
-    head = load_vec<vu8x32>(b->qs);
-    const vu8x16 t16 = load16(b->qs + 32);
-    tail = __builtin_shufflevector(t16, t16, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6,
-                                   7, 8, 9, 10, 11, 12, 13, 14, 15);
-    const vu8x16 qh = (vu8x16)(vu32x4{} + load_u32(b->qh));  // qh[j % 4] in lane j
-    last = __builtin_shufflevector(t16, qh, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20,
-                                   21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31);
+    codes.load(b);
   }
   template <int ib>
   inline __attribute__((always_inline)) SignedSub sub(const GridBytes&) const {
-    vi8x32 digits;  // elements 32 ib .. 32 ib + 31, as stage_block(block_tq1_0) makes them
-    if constexpr (ib < 5) {
-      constexpr uint16_t kPow3[5] = {1, 3, 9, 27, 81};
-      digits = ternary32(head, vu16x16{} + kPow3[ib]);
-    } else if constexpr (ib < 7) {
-      digits = ternary32(tail, ib == 5 ? halves(1, 3) : halves(9, 27));
-    } else {
-      digits = ternary32(last, vu16x16{81, 81, 81, 81, 81, 81, 81, 81, 1, 1, 3, 3, 9, 9, 27, 27});
-    }
-    return {_mm256_set1_epi8(1), (__m256i)digits, _mm256_set1_epi16(1)};
+    return {_mm256_set1_epi8(1), (__m256i)codes.template digits<ib>(), _mm256_set1_epi16(1)};
   }
 };
 
