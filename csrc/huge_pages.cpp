@@ -48,17 +48,16 @@ std::optional<mx::array> on_own_pages(const mx::Shape& shape, uint64_t bytes) {
 }  // namespace
 
 mx::array new_streamed_bytes(const mx::Shape& shape, uint64_t bytes) {
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
+#if defined(__linux__) && defined(MADV_HUGEPAGE) && defined(MLX_GGML_EXT_BACKEND_CPU)
   if (bytes >= kHugePage) {
-#if defined(MLX_GGML_EXT_BACKEND_CPU)
     if (auto out = on_own_pages(shape, bytes)) return *out;
-#endif
-    mx::array out(mx::allocator::malloc(bytes), shape, mx::uint8);
-    advise_huge_pages(out.data<uint8_t>(), bytes);
-    return out;
   }
 #endif
-  return mx::array(mx::allocator::malloc(bytes), shape, mx::uint8);
+  mx::array out(mx::allocator::malloc(bytes), shape, mx::uint8);
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  advise_huge_pages(out.data<uint8_t>(), bytes);  // nothing below 2 MB: no whole 2 MB page inside
+#endif
+  return out;
 }
 
 }  // namespace mlx_ggml_ext
